@@ -1,0 +1,3 @@
+from modelserve.cli import main
+
+raise SystemExit(main())

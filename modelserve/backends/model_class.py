@@ -1,0 +1,105 @@
+"""A Truss-style Model class: optional load(), preprocess / predict / postprocess."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from modelserve.backends import Backend, resolve_class
+from modelserve.errors import LoadError
+from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
+from modelserve.pipeline import Pipeline, Stage, adapt
+from modelserve.project import describe_error
+
+if TYPE_CHECKING:
+    from modelserve.config import ApiConfig
+    from modelserve.metrics import ApiMetrics, MetricsClient
+
+CONSTRUCTOR_ARGS = ("config", "metrics_client")
+
+
+def _init_of(cls: type) -> Any:
+    return getattr(cls, "__init__")  # noqa: B009 - mypy refuses cls.__init__
+
+
+def check_constructor(cls: type, label: str) -> None:
+    """Refuse, at import time, a constructor that requires arguments modelserve cannot give."""
+    missing = required_unknown_params(_init_of(cls), {"self", *CONSTRUCTOR_ARGS})
+    if missing:
+        raise LoadError(
+            f"{label}: {describe_callable(_init_of(cls), cls.__name__ + '.__init__')} requires {missing}; "
+            "a constructor may take only config and metrics_client (or **kwargs)"
+        )
+
+
+def construct(cls: type, label: str, available: dict[str, Any]) -> Any:
+    """Instantiate a user class, passing only the constructor arguments it names."""
+    try:
+        return cls(**select_kwargs(_init_of(cls), available))
+    except Exception as exc:
+        raise LoadError(f"{label}: {cls.__name__}() raised {describe_error(exc)}") from exc
+
+
+async def call_load(instance: Any, label: str, is_async: bool) -> None:
+    try:
+        if is_async:
+            await instance.load()
+        else:
+            await anyio.to_thread.run_sync(instance.load)
+    except Exception as exc:
+        raise LoadError(f"{label}: {type(instance).__name__}.load() raised {describe_error(exc)}") from exc
+
+
+class ModelClassBackend(Backend):
+    kind = "model_class"
+
+    def __init__(self, api: ApiConfig, root: Path | None, metrics_client: MetricsClient, api_metrics: ApiMetrics):
+        self.api = api
+        self.cls, self.label = resolve_class(api, root, "Model")
+        self.spec = inspect_model_class(self.cls, self.label)
+        self.metrics_client = metrics_client
+        self.api_metrics = api_metrics
+        self.instance: Any = None
+        check_constructor(self.cls, self.label)
+
+    @property
+    def streams(self) -> bool:
+        predict = self.spec.stage("predict")
+        return predict is not None and predict.generator is not None
+
+    async def load(self) -> None:
+        config = self.api.handler.config if self.api.handler else {}
+        available = {"config": config, "metrics_client": self.metrics_client}
+        self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
+        if self.spec.has_load:
+            await call_load(self.instance, self.label, self.spec.load_is_async)
+        self.pipeline = self.build_pipeline(self.instance)
+
+    def build_pipeline(self, instance: Any) -> Pipeline:
+        stages = [
+            Stage(spec.name, adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request), spec.is_async)
+            for spec in self.spec.stages
+        ]
+        return Pipeline(
+            stages,
+            needs_inputs=self.spec.needs_inputs,
+            needs_request=self.spec.needs_request,
+            timer=self.api_metrics.stage_timer,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "class": self.label,
+            "stages": {
+                stage.name: {
+                    "takes_inputs": stage.takes_inputs,
+                    "takes_request": stage.takes_request,
+                    "async": stage.is_async,
+                    "streams": stage.generator is not None,
+                }
+                for stage in self.spec.stages
+            },
+            "load": self.spec.has_load,
+        }

@@ -1,0 +1,220 @@
+"""The command line: ``python -m modelserve PROJECT_DIR`` (also installed as ``modelserve``).
+
+Exit codes: 0 after a clean shutdown (SIGINT, SIGTERM), 2 for a bad command line or project folder, 3 when
+a handler fails to load. Only this module turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_LOAD = 3
+DEFAULT_PORT = 8888
+DEFAULT_GRACE = 30.0
+
+# The worker processes of --workers and --reload import the app from this module; the parent passes its
+# settings through these variables.
+_ENV_SETTINGS = "MODELSERVE_CLI_SETTINGS"
+
+logger = logging.getLogger("modelserve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modelserve",
+        description="Serve the models of a project folder over HTTP.",
+    )
+    parser.add_argument("project_dir", help="folder holding modelserve.yaml (or a model.py with a class Model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default: {DEFAULT_PORT})")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes, each loading the project")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log level (default: info)",
+    )
+    parser.add_argument(
+        "--log-format", default="text", choices=["text", "json"], help="text for people, json for log pipelines"
+    )
+    parser.add_argument("--reload", action="store_true", help="restart when project files change")
+    parser.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=DEFAULT_GRACE,
+        help=f"seconds in-flight requests get to finish after SIGTERM (default: {DEFAULT_GRACE:g})",
+    )
+    parser.add_argument("--jobs-store", default=None, help="override the jobs store: sqlite, memory or redis://...")
+    return parser
+
+
+def configure_logging(level: str, fmt: str) -> dict[str, Any]:
+    """The logging setup of the server (ours, the user's and uvicorn's loggers), as a dictConfig."""
+    formatter = {"()": "modelserve.logs.JSONFormatter"} if fmt == "json" else {"()": "modelserve.logs.TextFormatter"}
+    access = {"()": "modelserve.logs.JSONAccessFormatter"} if fmt == "json" else {"()": "modelserve.logs.TextFormatter"}
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "default",
+        "filters": ["request"],
+        "stream": "ext://sys.stderr",
+    }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request": {"()": "modelserve.logs.RequestContextFilter"}},
+        "formatters": {"default": formatter, "access": access},
+        "handlers": {
+            "default": handler,
+            "access": {**handler, "formatter": "access", "stream": "ext://sys.stdout"},
+        },
+        "loggers": {
+            "modelserve": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+            "uvicorn": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": {"handlers": ["access"], "level": level.upper(), "propagate": False},
+        },
+        "root": {"handlers": ["default"], "level": "WARNING"},
+    }
+
+
+def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
+    return {
+        "project_dir": str(Path(args.project_dir).resolve()),
+        "base_url": base_url,
+        "jobs_store": args.jobs_store,
+        "workers": args.workers,
+        "reload": args.reload,
+    }
+
+
+def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
+    from modelserve.app import create_app
+
+    return create_app(
+        settings["project_dir"],
+        base_url=settings["base_url"],
+        on_load_error=on_load_error,
+        jobs_store=settings["jobs_store"],
+        workers=settings["workers"],
+    )
+
+
+def worker_app() -> Any:
+    """App factory of the worker processes (``--workers`` > 1 and ``--reload``)."""
+    settings = json.loads(os.environ[_ENV_SETTINGS])
+
+    def stop_worker(exc: Exception) -> None:
+        if settings["reload"]:
+            return  # keep serving 503s with the error; the next saved change restarts the worker
+        logging.getLogger("modelserve").critical("worker %d stops: %s", os.getpid(), exc)
+        logging.shutdown()
+        os._exit(EXIT_LOAD)
+
+    return _make_app(settings, stop_worker)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
+        return int(exc.code or 0)
+    if args.workers < 1:
+        parser.print_usage(sys.stderr)
+        print("modelserve: error: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.workers > 1 and args.reload:
+        print("modelserve: error: --reload and --workers cannot be used together", file=sys.stderr)
+        return EXIT_USAGE
+
+    import logging.config
+
+    log_config = configure_logging(args.log_level, args.log_format)
+    logging.config.dictConfig(log_config)
+
+    from modelserve.errors import ConfigError, LoadError
+
+    display_host = f"[{args.host}]" if ":" in args.host else args.host
+    base_url = f"http://{display_host}:{args.port}"
+    settings = _settings(args, base_url)
+    multiprocess = args.workers > 1 or args.reload
+    if args.workers > 1:
+        # Every worker writes its metrics to files here, so that /metrics adds them all up.
+        metrics_dir = tempfile.mkdtemp(prefix="modelserve-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+
+    # Validate the project in this process first (config, imports, signatures), so that the common
+    # mistakes give a clear message and an exit code before any worker starts.
+    failures: list[Exception] = []
+    try:
+        app = _make_app(settings, failures.append)
+    except ConfigError as exc:
+        print(f"modelserve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LoadError as exc:
+        print(f"modelserve: error: {exc}", file=sys.stderr)
+        return EXIT_LOAD
+
+    import uvicorn
+
+    config_kwargs: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "log_config": log_config,
+        "timeout_graceful_shutdown": args.graceful_timeout,
+        "server_header": False,
+    }
+    if not multiprocess:
+        config = uvicorn.Config(app, **config_kwargs)
+        server = uvicorn.Server(config)
+
+        def stop(exc: Exception) -> None:
+            failures.append(exc)
+            server.should_exit = True
+
+        app.state.modelserve.on_load_error = stop
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            pass
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        if failures:
+            print(f"modelserve: error: {failures[0]}", file=sys.stderr)
+            return EXIT_LOAD
+        return EXIT_OK if server.started else EXIT_USAGE
+
+    del app  # the parent only validated the project; the workers serve it
+    os.environ[_ENV_SETTINGS] = json.dumps(settings)
+    config = uvicorn.Config("modelserve.cli:worker_app", factory=True, workers=args.workers, **config_kwargs)
+    try:
+        sock = config.bind_socket()
+    except SystemExit:
+        return EXIT_USAGE
+    if args.reload:
+        from modelserve._reload import ProjectReload
+
+        config.reload = True
+        ProjectReload(
+            config, target=uvicorn.Server(config).run, sockets=[sock], project_dir=settings["project_dir"]
+        ).run()
+        return EXIT_OK
+    from uvicorn.supervisors import Multiprocess
+
+    supervisor = Multiprocess(config, sockets=[sock])
+    supervisor.run()
+    if any(process.exitcode == EXIT_LOAD for process in supervisor.processes):
+        print("modelserve: error: a worker failed to load the project; see the log above", file=sys.stderr)
+        return EXIT_LOAD
+    return EXIT_OK

@@ -1,0 +1,133 @@
+"""Payload codecs: request bodies in by Content-Type, results out by Python type.
+
+Requests: ``application/json`` and ``*/*+json`` become Python objects, ``text/plain`` a str (decoded with
+the ``charset`` parameter, utf-8 by default), anything else the raw bytes.
+
+Results: dict, list, tuple, numbers, bool and None become JSON (numpy arrays and scalars as lists and
+numbers), str becomes text/plain, bytes application/octet-stream.
+"""
+
+from __future__ import annotations
+
+import codecs as _stdlib_codecs
+from typing import Any
+
+import orjson
+
+from modelserve.errors import BadRequest
+
+JSON_TYPE = b"application/json"
+TEXT_TYPE = b"text/plain; charset=utf-8"
+BYTES_TYPE = b"application/octet-stream"
+
+
+class EncodeError(TypeError):
+    """A result of a type that no encoder knows."""
+
+    def __init__(self, value: Any) -> None:
+        self.type_name = f"{type(value).__module__}.{type(value).__qualname__}"
+        super().__init__(f"cannot encode a result of type {self.type_name}")
+
+
+def parse_content_type(header: str | None) -> tuple[str, dict[str, str]]:
+    """Split ``text/plain; charset=latin-1`` into ("text/plain", {"charset": "latin-1"})."""
+    if not header:
+        return "", {}
+    media_type, _, rest = header.partition(";")
+    params = {}
+    for part in rest.split(";"):
+        key, sep, value = part.partition("=")
+        if sep:
+            params[key.strip().lower()] = value.strip().strip('"')
+    return media_type.strip().lower(), params
+
+
+class Decoder:
+    """Turns a request body into the value a handler receives."""
+
+    name = "bytes"
+
+    def decode(self, body: bytes, params: dict[str, str]) -> Any:
+        return body
+
+
+class JSONDecoder(Decoder):
+    name = "json"
+
+    def decode(self, body: bytes, params: dict[str, str]) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+class TextDecoder(Decoder):
+    name = "text"
+
+    def decode(self, body: bytes, params: dict[str, str]) -> Any:
+        charset = params.get("charset", "utf-8")
+        try:
+            _stdlib_codecs.lookup(charset)
+        except LookupError:
+            raise BadRequest(f"unknown charset {charset!r} in the Content-Type header") from None
+        try:
+            return body.decode(charset)
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"request body is not valid {charset} text: {exc.reason} at byte {exc.start}") from None
+
+
+_JSON = JSONDecoder()
+_TEXT = TextDecoder()
+_BYTES = Decoder()
+
+DECODERS: dict[str, Decoder] = {
+    "application/json": _JSON,
+    "text/plain": _TEXT,
+}
+
+
+def decoder_for(media_type: str) -> Decoder:
+    """The decoder of a media type: exact match, then any ``+json`` type, else raw bytes."""
+    decoder = DECODERS.get(media_type)
+    if decoder is not None:
+        return decoder
+    if media_type.endswith("+json"):
+        return _JSON
+    return _BYTES
+
+
+def decode_payload(content_type: str | None, body: bytes) -> Any:
+    """Decode a request body according to its Content-Type header (a 400 `BadRequest` when it can't)."""
+    media_type, params = parse_content_type(content_type)
+    return decoder_for(media_type).decode(body, params)
+
+
+def _numpy_default(value: Any) -> Any:
+    # orjson encodes C-contiguous numeric arrays itself; this catches the rest (views, object arrays,
+    # numpy types orjson does not know) and anything else fails with the type's name.
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None and type(value).__module__ == "numpy":
+        return tolist()
+    raise EncodeError(value)
+
+
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def encode_json(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value, default=_numpy_default, option=_JSON_OPTIONS)
+    except orjson.JSONEncodeError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, EncodeError):
+            raise cause from None
+        raise EncodeError(value) from exc
+
+
+def encode_result(value: Any) -> tuple[bytes, bytes]:
+    """Encode a handler's result: (body, content-type). Raises `EncodeError` for unknown types."""
+    if isinstance(value, str):
+        return value.encode("utf-8"), TEXT_TYPE
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), BYTES_TYPE
+    return encode_json(value), JSON_TYPE

@@ -1,0 +1,396 @@
+"""modelserve.yaml: the configuration types and their validation.
+
+Every problem in the file is collected and reported in one `ConfigError` that names the API, the key,
+what was expected and what was found, so that a user fixes the whole file in one go.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modelserve.errors import ConfigError
+
+CONFIG_FILE = "modelserve.yaml"
+DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
+DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
+RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics"})
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODEL_FORMATS = ("onnx", "tensorflow")
+
+
+@dataclass
+class HandlerConfig:
+    """Where the user's Python code lives: a file in the project and, for classes, the class name."""
+
+    path: str | None = None
+    class_name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    #: A class given directly in Python (create_app(handler=...)); then `path` is None.
+    obj: Any = None
+
+
+@dataclass
+class ModelFileConfig:
+    """An ONNX file or a TensorFlow SavedModel served directly."""
+
+    path: str
+    format: str = "onnx"
+    signature_key: str = "serving_default"
+    providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
+    intra_op_threads: int | None = None
+    inter_op_threads: int | None = None
+    #: Calls measured under this many milliseconds run inline on the event loop; slower ones in a thread.
+    inline_threshold_ms: float = 1.0
+
+
+@dataclass
+class BatchingConfig:
+    max_batch_size: int = 8
+    max_wait_ms: float = 0.0
+
+
+@dataclass
+class ApiConfig:
+    """One API of a project: what serves it, and its limits."""
+
+    name: str
+    kind: str = "realtime"
+    handler: HandlerConfig | None = None
+    model: ModelFileConfig | None = None
+    max_concurrency: int = 1
+    max_queue_length: int = 100
+    timeout: float | None = None
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE
+    result_ttl: float = DEFAULT_RESULT_TTL
+    batching: BatchingConfig | None = None
+
+
+@dataclass
+class JobsConfig:
+    """Where async jobs are kept (project-level `jobs:` block)."""
+
+    store: str = "sqlite"
+    path: str = ".modelserve/jobs.db"
+    prefix: str = "modelserve"
+
+
+@dataclass
+class ProjectConfig:
+    root: Path
+    apis: list[ApiConfig]
+    jobs: JobsConfig = field(default_factory=JobsConfig)
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation helpers. Each checker returns the converted value or raises _Invalid(expected).
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Invalid("a positive integer")
+    return value
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Invalid("an integer >= 0")
+    return value
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _Invalid("a number > 0")
+    return float(value)
+
+
+def _non_negative_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise _Invalid("a number >= 0")
+    return float(value)
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid("a non-empty string")
+    return value
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Invalid("a mapping")
+    return value
+
+
+def _string_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise _Invalid("a list of strings")
+    return value
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise _Invalid("one of " + ", ".join(repr(c) for c in choices))
+        return value
+
+    return check
+
+
+class _Problems:
+    """Collects every problem of a file, to report them all at once."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, where: str, message: str) -> None:
+        self.items.append(f"{where}: {message}")
+
+    def take(
+        self,
+        section: dict[str, Any],
+        key: str,
+        check: Callable[[Any], Any],
+        where: str,
+        default: Any = None,
+    ) -> Any:
+        if key not in section or (section[key] is None and default is not None):
+            return default
+        value = section[key]
+        try:
+            return check(value)
+        except _Invalid as exc:
+            self.add(where, f"key '{key}': expected {exc}, got {_describe(value)}")
+            return default
+
+    def unknown_keys(self, section: dict[str, Any], allowed: set[str], where: str) -> None:
+        for key in section:
+            if key not in allowed:
+                known = ", ".join(sorted(allowed))
+                self.add(where, f"unknown key '{key}' (known keys: {known})")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            lines = "\n  - ".join(self.items)
+            raise ConfigError(f"{self.source} is not valid:\n  - {lines}")
+
+
+_API_KEYS = {
+    "name",
+    "kind",
+    "handler",
+    "model",
+    "max_concurrency",
+    "max_queue_length",
+    "timeout",
+    "max_body_size",
+    "result_ttl",
+    "batching",
+}
+_HANDLER_KEYS = {"path", "class", "config"}
+_MODEL_KEYS = {
+    "path",
+    "format",
+    "signature_key",
+    "providers",
+    "intra_op_threads",
+    "inter_op_threads",
+    "inline_threshold_ms",
+}
+_BATCHING_KEYS = {"max_batch_size", "max_wait_ms"}
+_JOBS_KEYS = {"store", "path", "prefix"}
+
+
+def infer_model_format(path: str) -> str | None:
+    """onnx for a .onnx file, tensorflow for a folder holding saved_model.pb; None when unclear."""
+    if path.lower().endswith(".onnx"):
+        return "onnx"
+    if path.rstrip("/").lower().endswith(".pb") or Path(path, "saved_model.pb").exists():
+        return "tensorflow"
+    return None
+
+
+def _parse_handler(raw: Any, where: str, root: Path, problems: _Problems) -> HandlerConfig | None:
+    try:
+        section = _mapping(raw)
+    except _Invalid:
+        problems.add(where, f"key 'handler': expected a mapping, got {_describe(raw)}")
+        return None
+    problems.unknown_keys(section, _HANDLER_KEYS, f"{where}, handler")
+    path = problems.take(section, "path", _string, f"{where}, handler")
+    if path is None:
+        if "path" not in section:
+            problems.add(f"{where}, handler", "key 'path' is required (a Python file in the project)")
+        return None
+    if not (root / path).is_file():
+        problems.add(f"{where}, handler", f"key 'path': file {path!r} not found in {root}")
+    return HandlerConfig(
+        path=path,
+        class_name=problems.take(section, "class", _string, f"{where}, handler"),
+        config=problems.take(section, "config", _mapping, f"{where}, handler", default={}),
+    )
+
+
+def _parse_model(raw: Any, where: str, root: Path, problems: _Problems) -> ModelFileConfig | None:
+    try:
+        section = _mapping(raw)
+    except _Invalid:
+        problems.add(where, f"key 'model': expected a mapping, got {_describe(raw)}")
+        return None
+    where = f"{where}, model"
+    problems.unknown_keys(section, _MODEL_KEYS, where)
+    path = problems.take(section, "path", _string, where)
+    if path is None:
+        if "path" not in section:
+            problems.add(where, "key 'path' is required (an .onnx file or a SavedModel folder)")
+        return None
+    if not (root / path).exists():
+        problems.add(where, f"key 'path': {path!r} not found in {root}")
+    fmt = problems.take(section, "format", _choice(*MODEL_FORMATS), where)
+    if fmt is None and "format" not in section:
+        fmt = infer_model_format(str(root / path))
+        if fmt is None:
+            problems.add(where, f"key 'format': cannot tell the format of {path!r}; say 'onnx' or 'tensorflow'")
+    config = ModelFileConfig(path=path, format=fmt or "onnx")
+    config.signature_key = problems.take(section, "signature_key", _string, where, config.signature_key)
+    config.providers = problems.take(section, "providers", _string_list, where, config.providers)
+    config.intra_op_threads = problems.take(section, "intra_op_threads", _positive_int, where)
+    config.inter_op_threads = problems.take(section, "inter_op_threads", _positive_int, where)
+    config.inline_threshold_ms = problems.take(
+        section, "inline_threshold_ms", _non_negative_number, where, config.inline_threshold_ms
+    )
+    return config
+
+
+def _parse_batching(raw: Any, where: str, problems: _Problems) -> BatchingConfig | None:
+    try:
+        section = _mapping(raw)
+    except _Invalid:
+        problems.add(where, f"key 'batching': expected a mapping, got {_describe(raw)}")
+        return None
+    where = f"{where}, batching"
+    problems.unknown_keys(section, _BATCHING_KEYS, where)
+    config = BatchingConfig()
+    config.max_batch_size = problems.take(section, "max_batch_size", _positive_int, where, config.max_batch_size)
+    config.max_wait_ms = problems.take(section, "max_wait_ms", _non_negative_number, where, config.max_wait_ms)
+    return config
+
+
+def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConfig | None:
+    if not isinstance(raw, dict):
+        problems.add(f"api #{index + 1}", f"expected a mapping, got {_describe(raw)}")
+        return None
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        problems.add(
+            f"api #{index + 1}",
+            f"key 'name': expected a URL segment (letters, digits, '-', '_', '.'), got {_describe(name)}",
+        )
+        name = f"#{index + 1}"
+    elif name in RESERVED_NAMES:
+        problems.add(f"api '{name}'", f"key 'name': {name!r} is reserved for the server's own routes")
+    where = f"api '{name}'"
+    problems.unknown_keys(raw, _API_KEYS, where)
+
+    api = ApiConfig(name=name)
+    api.kind = problems.take(raw, "kind", _choice("realtime", "async"), where, "realtime")
+    if raw.get("handler") is not None:
+        api.handler = _parse_handler(raw["handler"], where, root, problems)
+    if raw.get("model") is not None:
+        api.model = _parse_model(raw["model"], where, root, problems)
+    if "handler" not in raw and "model" not in raw:
+        problems.add(where, "needs a 'handler' (a Python class) or a 'model' (an ONNX or TensorFlow file)")
+    api.max_concurrency = problems.take(raw, "max_concurrency", _positive_int, where, api.max_concurrency)
+    api.max_queue_length = problems.take(raw, "max_queue_length", _non_negative_int, where, api.max_queue_length)
+    api.timeout = problems.take(raw, "timeout", _positive_number, where)
+    api.max_body_size = problems.take(raw, "max_body_size", _positive_int, where, api.max_body_size)
+    api.result_ttl = problems.take(raw, "result_ttl", _positive_number, where, api.result_ttl)
+    if raw.get("batching") is not None:
+        api.batching = _parse_batching(raw["batching"], where, problems)
+    return api
+
+
+def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
+    config = JobsConfig()
+    try:
+        section = _mapping(raw)
+    except _Invalid:
+        problems.add("jobs", f"expected a mapping, got {_describe(raw)}")
+        return config
+    problems.unknown_keys(section, _JOBS_KEYS, "jobs")
+    config.store = problems.take(section, "store", _string, "jobs", config.store)
+    config.path = problems.take(section, "path", _string, "jobs", config.path)
+    config.prefix = problems.take(section, "prefix", _string, "jobs", config.prefix)
+    if config.store not in ("sqlite", "memory") and not config.store.startswith(("redis://", "rediss://")):
+        problems.add("jobs", f"key 'store': expected sqlite, memory or a redis:// URL, got {config.store!r}")
+    return config
+
+
+def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectConfig:
+    """Validate the parsed content of modelserve.yaml (a mapping with `apis:`, or a bare list of APIs)."""
+    problems = _Problems(source)
+    jobs = JobsConfig()
+    if isinstance(data, list):
+        raw_apis: Any = data
+    elif isinstance(data, dict):
+        problems.unknown_keys(data, {"apis", "jobs"}, "top level")
+        raw_apis = data.get("apis")
+        if "jobs" in data:
+            jobs = _parse_jobs(data["jobs"], problems)
+    else:
+        raise ConfigError(f"{source} is not valid: expected a mapping with 'apis:' or a list of APIs")
+    if not isinstance(raw_apis, list) or not raw_apis:
+        problems.add("top level", f"key 'apis': expected a non-empty list of APIs, got {_describe(raw_apis)}")
+        problems.raise_if_any()
+
+    apis = []
+    for index, raw in enumerate(raw_apis):
+        api = _parse_api(raw, index, root, problems)
+        if api is not None:
+            apis.append(api)
+    seen: set[str] = set()
+    for api in apis:
+        if api.name in seen:
+            problems.add(f"api '{api.name}'", "key 'name': two APIs have this name")
+        seen.add(api.name)
+    problems.raise_if_any()
+    return ProjectConfig(root=root, apis=apis, jobs=jobs)
+
+
+def load_project_config(project_dir: str | Path) -> ProjectConfig:
+    """Read a project folder: its modelserve.yaml, or a lone model.py with a class Model."""
+    root = Path(project_dir).resolve()
+    if not root.is_dir():
+        raise ConfigError(f"project folder {str(project_dir)!r} does not exist or is not a folder")
+    config_path = root / CONFIG_FILE
+    if config_path.is_file():
+        try:
+            data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config_path} is not valid YAML: {exc}") from None
+        return parse_project(data, root, str(config_path))
+    if (root / "model.py").is_file():
+        api = ApiConfig(name="model", handler=HandlerConfig(path="model.py", class_name="Model"))
+        return ProjectConfig(root=root, apis=[api])
+    raise ConfigError(f"{root} has neither {CONFIG_FILE} nor a model.py with a class Model")

@@ -1,0 +1,175 @@
+"""The stage runner: calls an API's stages (preprocess, predict, postprocess, or hooks around a model run).
+
+A `Pipeline` is compiled once, when the API loads. Consecutive sync stages are grouped into one hop to a
+worker thread (one hop per request, like a bare route using `run_in_threadpool`), async stages run on the
+event loop. Between stages the runner checks whether the request was cancelled, so that a cancelled
+request never starts its next stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
+from starlette.exceptions import HTTPException
+
+from modelserve.context import RequestContext
+from modelserve.errors import HTTPError
+
+#: A stage normalised to two arguments: the value from the previous stage and the request (or None).
+StageCall = Callable[[Any, Any], Any]
+#: Receives (stage name, seconds) after each stage; metrics plug in here.
+StageTimer = Callable[[str, float], None]
+
+
+class RequestCancelled(Exception):
+    """The request was cancelled (client gone or timeout) before its next stage could start."""
+
+
+class StageFailed(Exception):
+    """User code raised in a stage; `__cause__` is the user's exception."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(f"{stage} raised {type(error).__name__}: {error}")
+        self.stage = stage
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: its name, a two-argument call, and whether it is a coroutine function."""
+
+    name: str
+    call: StageCall
+    is_async: bool
+
+
+def adapt(fn: Callable[..., Any], takes_inputs: bool, takes_request: bool) -> StageCall:
+    """Wrap a user's method so that every stage is called as ``call(value, request)``."""
+    if takes_inputs and takes_request:
+        return fn
+    if takes_request:
+        return lambda value, request: fn(request)
+    return lambda value, request: fn(value)
+
+
+_PASS_THROUGH = (HTTPError, HTTPException, RequestCancelled, asyncio.CancelledError)
+
+
+async def run_in_thread(
+    fn: Callable[..., Any],
+    *args: Any,
+    ctx: RequestContext | None,
+    on_abandon: Callable[[], None] | None = None,
+) -> Any:
+    """Run `fn` in the thread pool.
+
+    If the request leaves while `fn` runs (timeout, disconnect), the call is abandoned but the thread keeps
+    the request's concurrency slot until `fn` returns; then it runs `on_abandon` and releases the slot.
+    """
+    if ctx is None:
+        return await anyio.to_thread.run_sync(fn, *args)
+    loop = asyncio.get_running_loop()
+
+    def job() -> Any:
+        if not ctx.enter_thread():
+            raise RequestCancelled()
+        try:
+            return fn(*args)
+        finally:
+            if ctx.exit_thread():
+                try:
+                    if on_abandon is not None:
+                        on_abandon()
+                finally:
+                    loop.call_soon_threadsafe(ctx.release_slot)
+
+    return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
+
+
+class Pipeline:
+    """The compiled stages of one API."""
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        *,
+        needs_inputs: bool = True,
+        needs_request: bool = False,
+        timer: StageTimer | None = None,
+    ) -> None:
+        self.stages = tuple(stages)
+        self.needs_inputs = needs_inputs
+        self.needs_request = needs_request
+        self.timer = timer
+        self._steps = self._compile()
+
+    def _compile(self) -> list[Callable[[Any, Any, RequestContext | None], Awaitable[Any]]]:
+        steps: list[Callable[[Any, Any, RequestContext | None], Awaitable[Any]]] = []
+        group: list[Stage] = []
+        for stage in self.stages:
+            if stage.is_async:
+                if group:
+                    steps.append(self._sync_step(tuple(group)))
+                    group = []
+                steps.append(self._async_step(stage))
+            else:
+                group.append(stage)
+        if group:
+            steps.append(self._sync_step(tuple(group)))
+        return steps
+
+    def _async_step(self, stage: Stage) -> Callable[[Any, Any, RequestContext | None], Awaitable[Any]]:
+        call, name = stage.call, stage.name
+        timer = self.timer
+
+        async def step(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            if ctx is not None and ctx.cancelled:
+                raise RequestCancelled()
+            started = time.perf_counter()
+            try:
+                value = await call(value, request)
+            except _PASS_THROUGH:
+                raise
+            except Exception as exc:
+                raise StageFailed(name, exc) from exc
+            if timer is not None:
+                timer(name, time.perf_counter() - started)
+            return value
+
+        return step
+
+    def _sync_step(self, group: tuple[Stage, ...]) -> Callable[[Any, Any, RequestContext | None], Awaitable[Any]]:
+        timer = self.timer
+
+        def run_group(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            for stage in group:
+                if ctx is not None and ctx.cancelled:
+                    raise RequestCancelled()
+                started = time.perf_counter()
+                try:
+                    value = stage.call(value, request)
+                except _PASS_THROUGH:
+                    raise
+                except Exception as exc:
+                    raise StageFailed(stage.name, exc) from exc
+                if timer is not None:
+                    timer(stage.name, time.perf_counter() - started)
+            return value
+
+        async def step(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            if ctx is not None and ctx.cancelled:
+                raise RequestCancelled()
+            return await run_in_thread(run_group, value, request, ctx, ctx=ctx)
+
+        return step
+
+    async def run(self, value: Any, request: Any = None, ctx: RequestContext | None = None) -> Any:
+        """Run every stage in order, feeding each one's result to the next."""
+        for step in self._steps:
+            value = await step(value, request, ctx)
+        return value

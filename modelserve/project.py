@@ -1,0 +1,87 @@
+"""Project loading: the environment user code runs in, and importing the user's Python files.
+
+Before any user code is imported:
+
+* ``.env`` in the project folder is loaded into ``os.environ``; variables already set in the environment
+  win (deployment settings override the file, as with docker and twelve-factor apps);
+* the project folder becomes the working directory, so ``open("values.json")`` finds the project's files,
+  and it is put first on ``sys.path`` so user files can import each other;
+* ``MODELSERVE_URL`` is set to the server's base URL when it is known.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dotenv import dotenv_values
+
+from modelserve.errors import LoadError
+
+_modules: dict[Path, ModuleType] = {}
+
+
+def prepare_environment(root: Path, base_url: str | None = None) -> None:
+    env_file = root / ".env"
+    if env_file.is_file():
+        for key, value in dotenv_values(env_file).items():
+            if value is not None and key not in os.environ:
+                os.environ[key] = value
+    os.chdir(root)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if base_url is not None:
+        os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
+
+
+def import_file(root: Path, relative_path: str) -> ModuleType:
+    """Import a project file once (several APIs naming one file share its module and its globals)."""
+    path = (root / relative_path).resolve()
+    module = _modules.get(path)
+    if module is not None:
+        return module
+    if not path.is_file():
+        raise LoadError(f"{relative_path}: file not found in {root}")
+    dotted = ".".join(path.relative_to(root).with_suffix("").parts) if path.is_relative_to(root) else path.stem
+    name = f"modelserve_project.{dotted}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise LoadError(f"{relative_path}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise LoadError(f"{relative_path}: importing it raised {describe_error(exc)}") from exc
+    _modules[path] = module
+    return module
+
+
+def find_class(module: ModuleType, class_name: str, relative_path: str) -> type[Any]:
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        found = sorted(
+            name for name, value in vars(module).items() if isinstance(value, type) and not name.startswith("_")
+        )
+        hint = f" (classes found: {', '.join(found)})" if found else ""
+        raise LoadError(f"{relative_path}: no class {class_name!r}{hint}; set handler.class in modelserve.yaml")
+    if not isinstance(cls, type):
+        raise LoadError(f"{relative_path}: {class_name!r} is not a class")
+    return cls
+
+
+def describe_error(exc: BaseException) -> str:
+    """``ValueError: bad weights (model.py, line 12)``: the error and where in user code it happened."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    for frame in reversed(frames):
+        if "modelserve" not in Path(frame.filename).parts[-2:-1]:
+            where = f" ({Path(frame.filename).name}, line {frame.lineno})"
+            break
+    return f"{type(exc).__name__}: {exc}{where}"
