@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -124,6 +125,10 @@ def worker_app() -> Any:
     return _make_app(settings, stop_worker)
 
 
+def _ignore_signal(signum: int, frame: Any) -> None:
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -184,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.should_exit = True
 
         app.state.modelserve.on_load_error = stop
+        # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in place
+        # that re-raise is harmless and a clean SIGINT/SIGTERM shutdown exits 0.
+        signal.signal(signal.SIGTERM, _ignore_signal)
+        signal.signal(signal.SIGINT, _ignore_signal)
         try:
             server.run()
         except KeyboardInterrupt:

@@ -24,6 +24,7 @@ from dotenv import dotenv_values
 from modelserve.errors import LoadError
 
 _modules: dict[Path, ModuleType] = {}
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def prepare_environment(root: Path, base_url: str | None = None) -> None:
@@ -81,7 +82,7 @@ def describe_error(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = ""
     for frame in reversed(frames):
-        if "modelserve" not in Path(frame.filename).parts[-2:-1]:
+        if not Path(frame.filename).resolve().is_relative_to(_PACKAGE_DIR):
             where = f" ({Path(frame.filename).name}, line {frame.lineno})"
             break
     return f"{type(exc).__name__}: {exc}{where}"

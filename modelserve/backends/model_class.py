@@ -21,7 +21,12 @@ CONSTRUCTOR_ARGS = ("config", "metrics_client")
 
 
 def _init_of(cls: type) -> Any:
-    return getattr(cls, "__init__")  # noqa: B009 - mypy refuses cls.__init__
+    init = getattr(cls, "__init__")  # noqa: B009 - mypy refuses cls.__init__
+    return _no_arguments if init is object.__init__ else init
+
+
+def _no_arguments() -> None:
+    return None
 
 
 def check_constructor(cls: type, label: str) -> None:

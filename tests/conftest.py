@@ -1,0 +1,114 @@
+"""Shared fixtures: project folders written by the tests, and real servers on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_project(root: Path, files: dict[str, str]) -> Path:
+    """Write a project folder: {relative path: text}; text is dedented."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return root
+
+
+class Server:
+    """A `python -m modelserve` process on a free loopback port; output goes to a log file."""
+
+    def __init__(self, project: Path, *args: str, env: dict[str, str] | None = None, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"server-{self.port}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "modelserve", str(project), "--port", str(self.port), *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=str(REPO),
+        )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_listening(self, timeout: float = 30) -> None:
+        """Wait until /healthz answers (the APIs may still be loading)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server did not listen within {timeout} s:\n{self.log}")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Wait until /readyz answers 200 (every API loaded)."""
+        self.wait_listening(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server was not ready within {timeout} s:\n{self.log}")
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[object]:
+    """start_server(project_dir, *cli_args, env=None) -> Server; every server is stopped after the test."""
+    servers: list[Server] = []
+
+    def start(project: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+        server = Server(project, *args, env=env, log_dir=tmp_path)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
