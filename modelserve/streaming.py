@@ -125,8 +125,7 @@ async def send_stream(send: Send, gen: Any, ctx: RequestContext, watch: Watch, a
         watch.disarm()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 200
-    except Exception as exc:
-        error = exc.error if hasattr(exc, "error") else exc
+    except Exception as error:
         logger.error(
             "api '%s': the stream failed after %s: %s: %s",
             ctx.api,

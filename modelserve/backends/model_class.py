@@ -10,8 +10,9 @@ import anyio.to_thread
 from modelserve.backends import Backend, resolve_class
 from modelserve.errors import LoadError
 from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
-from modelserve.pipeline import Pipeline, Stage, adapt
+from modelserve.pipeline import Pipeline, Stage, StageCall, adapt
 from modelserve.project import describe_error
+from modelserve.streaming import is_stream
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig
@@ -57,6 +58,35 @@ async def call_load(instance: Any, label: str, is_async: bool) -> None:
         raise LoadError(f"{label}: {type(instance).__name__}.load() raised {describe_error(exc)}") from exc
 
 
+class StreamWithPostprocess(TypeError):
+    def __init__(self) -> None:
+        super().__init__(
+            "predict returned a generator (a stream), but postprocess needs a whole value; "
+            "remove postprocess or return a value from predict"
+        )
+
+
+def _refuse_streams(call: StageCall, is_async: bool) -> StageCall:
+    """Seen only at run time: a predict that returns a generator while a postprocess waits for a value."""
+    if is_async:
+
+        async def checked_async(value: Any, request: Any) -> Any:
+            result = await call(value, request)
+            if is_stream(result):
+                raise StreamWithPostprocess()
+            return result
+
+        return checked_async
+
+    def checked(value: Any, request: Any) -> Any:
+        result = call(value, request)
+        if is_stream(result):
+            raise StreamWithPostprocess()
+        return result
+
+    return checked
+
+
 class ModelClassBackend(Backend):
     kind = "model_class"
 
@@ -83,10 +113,12 @@ class ModelClassBackend(Backend):
         self.pipeline = self.build_pipeline(self.instance)
 
     def build_pipeline(self, instance: Any) -> Pipeline:
-        stages = [
-            Stage(spec.name, adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request), spec.is_async)
-            for spec in self.spec.stages
-        ]
+        stages = []
+        for spec in self.spec.stages:
+            call = adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request)
+            if spec.name == "predict" and self.spec.stage("postprocess") is not None:
+                call = _refuse_streams(call, spec.is_async)
+            stages.append(Stage(spec.name, call, spec.is_async))
         return Pipeline(
             stages,
             needs_inputs=self.spec.needs_inputs,
