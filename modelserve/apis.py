@@ -23,7 +23,10 @@ class Api:
         self.config = config
         self.backend = backend
         self.metrics = metrics
-        self.limiter = Limiter(config.max_concurrency, config.max_queue_length)
+        # With batching, up to max_batch_size requests per running call are admitted to form batches;
+        # max_queue_length still bounds the requests waiting beyond those.
+        batch = config.batching.max_batch_size if config.batching is not None else 1
+        self.limiter = Limiter(config.max_concurrency * batch, config.max_queue_length)
         self.state = "loading"
         self.error: str | None = None
         self.ready = False

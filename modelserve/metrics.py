@@ -206,6 +206,8 @@ class ApiMetrics:
         self.queue_full = metrics.queue_full.labels(api)
         self.load_time = metrics.load_time.labels(api)
         self._stages: dict[str, Any] = {}
+        self._batch_size: Any = None
+        self._batch_wait: Any = None
 
     def answered(self, code: int, seconds: float) -> None:
         counter = self._codes.get(code)
@@ -222,6 +224,15 @@ class ApiMetrics:
         if child is None:
             child = self._stages[name] = self._metrics.stage_latency.labels(self.api, name)
         child.observe(seconds)
+
+    def batch(self, size: int, waits: list[float]) -> None:
+        """One batched call of `size` requests, each having waited `waits` seconds for it."""
+        if self._batch_size is None:
+            self._batch_size = self._metrics.batch_size.labels(self.api)
+            self._batch_wait = self._metrics.batch_wait.labels(self.api)
+        self._batch_size.observe(size)
+        for wait in waits:
+            self._batch_wait.observe(wait)
 
     def job(self, status: str) -> None:
         self._metrics.jobs.labels(self.api, status).inc()

@@ -99,16 +99,26 @@ class Server:
         return self.process.returncode
 
 
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[object]:
-    """start_server(project_dir, *cli_args, env=None) -> Server; every server is stopped after the test."""
+def _server_starter(log_dir: Path) -> Iterator[object]:
     servers: list[Server] = []
 
     def start(project: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-        server = Server(project, *args, env=env, log_dir=tmp_path)
+        server = Server(project, *args, env=env, log_dir=log_dir)
         servers.append(server)
         return server
 
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[object]:
+    """start_server(project_dir, *cli_args, env=None) -> Server; every server is stopped after the test."""
+    yield from _server_starter(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def start_server_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Like start_server, for a server shared by the tests of one module."""
+    yield from _server_starter(tmp_path_factory.mktemp("servers"))

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from modelserve.backends import Backend, resolve_class
+from modelserve.batching import Batcher
 from modelserve.errors import LoadError
 from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
-from modelserve.pipeline import Pipeline, Stage, StageCall, adapt
+from modelserve.pipeline import Pipeline, Stage, StageCall, adapt, run_in_thread
 from modelserve.project import describe_error
 from modelserve.streaming import is_stream
 
@@ -98,6 +99,16 @@ class ModelClassBackend(Backend):
         self.api_metrics = api_metrics
         self.instance: Any = None
         check_constructor(self.cls, self.label)
+        if api.batching is not None:
+            predict = self.spec.stage("predict")
+            assert predict is not None
+            if predict.generator is not None:
+                raise LoadError(f"{self.label}: predict streams, and streaming cannot be combined with batching")
+            if predict.takes_request or not predict.takes_inputs:
+                raise LoadError(
+                    f"{self.label}: with batching, predict receives a list of inputs and cannot take the request; "
+                    "read the request in preprocess"
+                )
 
     @property
     def streams(self) -> bool:
@@ -116,6 +127,9 @@ class ModelClassBackend(Backend):
         stages = []
         for spec in self.spec.stages:
             call = adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request)
+            if spec.name == "predict" and self.api.batching is not None:
+                stages.append(Stage("predict", self._batched(spec.bind(instance), spec.is_async), True))
+                continue
             if spec.name == "predict" and self.spec.stage("postprocess") is not None:
                 call = _refuse_streams(call, spec.is_async)
             stages.append(Stage(spec.name, call, spec.is_async))
@@ -125,6 +139,31 @@ class ModelClassBackend(Backend):
             needs_request=self.spec.needs_request,
             timer=self.api_metrics.stage_timer,
         )
+
+    def _batched(self, predict: Any, is_async: bool) -> StageCall:
+        """predict behind a Batcher: it receives a list of inputs and returns a list of results."""
+        batching = self.api.batching
+        assert batching is not None
+
+        async def call_batch(items: list[Any]) -> list[Any]:
+            if is_async:
+                return await predict(items)
+            return await run_in_thread(predict, items, ctx=None)
+
+        self.batcher = Batcher(
+            call_batch,
+            name=self.api.name,
+            max_batch_size=batching.max_batch_size,
+            max_wait_ms=batching.max_wait_ms,
+            max_concurrency=self.api.max_concurrency,
+            on_batch=self.api_metrics.batch,
+        )
+        submit = self.batcher.submit
+
+        async def batched(value: Any, request: Any) -> Any:
+            return await submit(value)
+
+        return batched
 
     def describe(self) -> dict[str, Any]:
         return {

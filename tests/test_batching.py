@@ -1,0 +1,134 @@
+"""Dynamic batching of Model classes, through HTTP against a real server (issue 9)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import write_project
+
+MODEL = """
+import time
+from pathlib import Path
+
+
+class Model:
+    def preprocess(self, inputs):
+        return inputs["x"]
+
+    def predict(self, xs):
+        Path("batches.log").open("a").write(f"{len(xs)}\\n")
+        if any(x == "wrong" for x in xs):
+            return xs[:-1] if len(xs) > 1 else []
+        time.sleep(0.05)  # the model call: long enough for requests to pile up
+        return [{"double": x * 2} for x in xs]
+
+    def postprocess(self, output):
+        output["post"] = True
+        return output
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_project(
+        tmp_path_factory.mktemp("batching"),
+        {
+            "model.py": MODEL,
+            "modelserve.yaml": """
+                apis:
+                  - name: double
+                    handler: {path: model.py}
+                    max_queue_length: 200
+                    batching: {max_batch_size: 8}
+                  - name: waiting
+                    handler: {path: model.py}
+                    batching: {max_batch_size: 4, max_wait_ms: 300}
+            """,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def server(project: Path, start_server_module):
+    server = start_server_module(project)
+    server.wait_ready()
+    return server
+
+
+def batch_sizes(project: Path) -> list[int]:
+    path = project / "batches.log"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+async def post_many(url: str, values: list[object]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await asyncio.gather(*(client.post(url, json={"x": value}) for value in values))
+
+
+def test_concurrent_requests_share_calls_and_get_their_own_rows(server, project: Path) -> None:
+    before = len(batch_sizes(project))
+    answers = asyncio.run(post_many(server.url + "/double", list(range(40))))
+    assert [a.json() for a in answers] == [{"double": i * 2, "post": True} for i in range(40)]
+    sizes = batch_sizes(project)[before:]
+    assert sum(sizes) == 40
+    assert max(sizes) > 1, sizes
+    assert max(sizes) <= 8
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'modelserve_batch_size_count{api="double"}' in metrics
+
+
+def test_a_lone_request_is_not_delayed(server) -> None:
+    httpx.post(server.url + "/double", json={"x": 1})
+    started = time.monotonic()
+    assert httpx.post(server.url + "/double", json={"x": 2}).json() == {"double": 4, "post": True}
+    assert time.monotonic() - started < 0.04 + 0.05  # the model's own 50 ms plus little
+
+
+def test_max_wait_ms_lets_a_partial_batch_wait(server, project: Path) -> None:
+    before = len(batch_sizes(project))
+    started = time.monotonic()
+    assert httpx.post(server.url + "/waiting", json={"x": 3}).json() == {"double": 6, "post": True}
+    assert time.monotonic() - started >= 0.3
+    assert batch_sizes(project)[before:] == [1]
+
+
+def test_a_wrong_length_result_fails_every_request_of_the_batch(server, project: Path) -> None:
+    answers = asyncio.run(post_many(server.url + "/double", ["wrong"]))
+    assert answers[0].status_code == 500
+    assert answers[0].json()["request_id"] == answers[0].headers["x-request-id"]
+    assert "returned 0 results" in server.log
+
+
+def test_a_request_cancelled_while_waiting_leaves_its_batch(server, project: Path) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    body = b'{"x": 5}'
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /waiting HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+    time.sleep(0.1)  # it waits for its batch (max_wait_ms 300)
+    before = len(batch_sizes(project))
+    sock.close()
+    time.sleep(0.4)  # past the batch's deadline
+    assert batch_sizes(project)[before:] == []  # the batch never ran
+    assert httpx.post(server.url + "/waiting", json={"x": 1}).status_code == 200
+
+
+def test_streaming_with_batching_is_refused(tmp_path: Path) -> None:
+    import modelserve
+
+    class Streams:
+        def predict(self, inputs):
+            yield inputs
+
+    with pytest.raises(modelserve.LoadError, match="batching"):
+        modelserve.create_app(handler=Streams, batching=modelserve.BatchingConfig(max_batch_size=4))
