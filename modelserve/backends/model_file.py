@@ -1,0 +1,228 @@
+"""An ONNX file or a TensorFlow SavedModel served directly, with optional pre/post_inference hooks.
+
+The pipeline has up to three stages: ``pre_inference`` (the user's hook, when the handler file has one),
+``run`` (convert the values to the model's inputs, then run the model) and ``post_inference`` (the hook).
+Without pre_inference the request body is an object keyed by input names (or, for a model with a single
+input, that input's value); without post_inference the answer is an object keyed by output names.
+
+Where calls run: each sync stage is an `Adaptive` call, inline on the event loop while its measured run
+time stays under ``inline_threshold_ms`` (1 ms by default), else in a worker thread, so that a small model
+pays no thread hop and a slow one never blocks the server. Async hooks run on the event loop. The API's
+concurrency slot is held until a call running in a thread returns, so with ``max_concurrency: 1`` the hooks
+of one API are never called concurrently (module-level variables in the hook file need no lock).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from modelserve import runtimes
+from modelserve.backends import Backend
+from modelserve.backends._adaptive import Adaptive
+from modelserve.errors import BadRequest, LoadError
+from modelserve.introspect import describe_callable
+from modelserve.pipeline import Pipeline, Stage
+from modelserve.runtimes._model import LoadedModel
+from modelserve.runtimes._tensors import InputConverter
+
+if TYPE_CHECKING:
+    from modelserve.config import ApiConfig, ModelFileConfig
+    from modelserve.metrics import ApiMetrics, MetricsClient
+
+logger = logging.getLogger("modelserve")
+
+HOOKS = ("pre_inference", "post_inference")
+
+
+def find_hooks(source: Any, label: str) -> dict[str, Any]:
+    """The hooks a handler module (or object) defines, each checked to accept (x, signature, metadata)."""
+    hooks: dict[str, Any] = {}
+    problems = []
+    for name in HOOKS:
+        hook = getattr(source, name, None)
+        if hook is None:
+            continue
+        if not callable(hook):
+            problems.append(f"{name} is a {type(hook).__name__}, not a function")
+            continue
+        first = "sample" if name == "pre_inference" else "prediction"
+        try:
+            inspect.signature(hook).bind(None, None, None)
+        except TypeError:
+            problems.append(f"{describe_callable(hook, name)} must accept ({first}, signature, metadata)")
+        except ValueError:
+            pass  # no signature to read (a builtin): trust it
+        hooks[name] = hook
+    if problems:
+        raise LoadError(f"{label}: " + "; ".join(problems))
+    return hooks
+
+
+class ModelFileBackend(Backend):
+    """Serves `api.model` (an ONNX file or a SavedModel) with the hooks of `api.handler`."""
+
+    kind = "model_file"
+
+    def __init__(
+        self,
+        api: ApiConfig,
+        root: Path | None,
+        metrics_client: MetricsClient,
+        api_metrics: ApiMetrics,
+    ) -> None:
+        assert api.model is not None
+        self.api = api
+        self.config: ModelFileConfig = api.model
+        self.path = (root or Path.cwd()) / self.config.path
+        self.label = f"api '{api.name}'"
+        self.api_metrics = api_metrics
+        runtimes.check_installed(self.config.format)
+        self.hooks_label = ""
+        self.hooks: dict[str, Any] = {}
+        handler = api.handler
+        self.metadata: dict[str, Any] = handler.config if handler is not None else {}
+        if handler is not None:
+            if handler.class_name is not None:
+                raise LoadError(
+                    f"{self.label}: handler.class is not used by a model API; its handler file holds "
+                    "module-level functions pre_inference and/or post_inference"
+                )
+            source: ModuleType | Any
+            if handler.obj is not None:
+                source, self.hooks_label = handler.obj, getattr(handler.obj, "__name__", repr(handler.obj))
+            else:
+                from modelserve.project import import_file
+
+                assert handler.path is not None and root is not None
+                source, self.hooks_label = import_file(root, handler.path), handler.path
+            self.hooks = find_hooks(source, f"{self.label}: {self.hooks_label}")
+        threshold = self.config.inline_threshold_ms / 1000
+        self.adaptive = {
+            name: Adaptive(name, threshold, self.label) for name in ("pre_inference", "run", "post_inference")
+        }
+        self.model: LoadedModel | None = None
+        self.converter: InputConverter | None = None
+
+    async def load(self) -> None:
+        self.model = await anyio.to_thread.run_sync(self._load_model)
+        try:
+            self.converter = InputConverter(self.model.inputs)
+        except TypeError as exc:
+            raise LoadError(f"{self.label}: {self.config.path}: {exc}") from None
+        await anyio.to_thread.run_sync(self._warm_up, self.model)
+        self.pipeline = self._build_pipeline()
+
+    def _load_model(self) -> LoadedModel:
+        adapter = runtimes.adapter(self.config.format)
+        try:
+            model: LoadedModel = adapter.load(self.path, self.config)
+        except LoadError as exc:
+            raise LoadError(f"{self.label}: {exc}") from exc
+        return model
+
+    def _warm_up(self, model: LoadedModel) -> None:
+        """One call with zeros: the first call of a model is slow (allocations), and it seeds the estimate."""
+        feeds = {spec.name: spec.example() for spec in model.inputs}
+        started = time.perf_counter()
+        try:
+            model.run(feeds)
+        except Exception as exc:  # a model may refuse zeros; then the first request is measured instead
+            logger.debug("%s: warm-up call failed (%s); skipped", self.label, exc)
+            return
+        self.adaptive["run"].seed(time.perf_counter() - started, _size(feeds))
+
+    # ------------------------------------------------------------------------------------------------
+    # the stages
+
+    def _build_pipeline(self) -> Pipeline:
+        stages = []
+        pre = self.hooks.get("pre_inference")
+        if pre is not None:
+            stages.append(Stage("pre_inference", self._hook_stage(pre, "pre_inference", self._pre_signature()), True))
+        stages.append(Stage("run", self._run_stage(with_post="post_inference" in self.hooks), True))
+        post = self.hooks.get("post_inference")
+        if post is not None:
+            stages.append(
+                Stage("post_inference", self._hook_stage(post, "post_inference", self._post_signature()), True)
+            )
+        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=self.api_metrics.stage_timer)
+
+    def _pre_signature(self) -> Any:
+        assert self.model is not None
+        return self.model.pre_signature
+
+    def _post_signature(self) -> Any:
+        assert self.model is not None
+        return self.model.post_signature
+
+    def _hook_stage(self, hook: Any, name: str, signature: Any) -> Any:
+        metadata = self.metadata
+        if inspect.iscoroutinefunction(hook):
+
+            async def call_async(value: Any, request: Any) -> Any:
+                return await hook(value, signature, metadata)
+
+            return call_async
+        adaptive = self.adaptive[name]
+
+        async def call(value: Any, request: Any) -> Any:
+            return await adaptive.call(hook, value, signature, metadata)
+
+        return call
+
+    def _run_stage(self, with_post: bool) -> Any:
+        model, converter = self.model, self.converter
+        assert model is not None and converter is not None
+        adaptive = self.adaptive["run"]
+        run = model.run
+        as_response = model.as_response
+        has_pre = "pre_inference" in self.hooks
+
+        async def call(value: Any, request: Any) -> Any:
+            if isinstance(value, (bytes, bytearray)) and not has_pre:
+                raise BadRequest(
+                    "expected a JSON body (Content-Type: application/json) keyed by the model's input names: "
+                    + converter.expected()
+                )
+            feeds = converter(value)
+            prediction = await adaptive.call(run, feeds, size=_size(feeds))
+            return prediction if with_post else as_response(prediction)
+
+        return call
+
+    def describe(self) -> dict[str, Any]:
+        model: dict[str, Any] = {"path": self.config.path, "format": self.config.format}
+        if self.config.format == "tensorflow":
+            model["signature_key"] = self.config.signature_key
+        if self.model is not None:
+            model.update(self.model.describe())
+        return {
+            "model": model,
+            "hooks": {name: (self.hooks_label if name in self.hooks else None) for name in HOOKS},
+            "execution": {
+                "inline_threshold_ms": self.config.inline_threshold_ms,
+                "stages": {
+                    name: adaptive.describe()
+                    for name, adaptive in self.adaptive.items()
+                    if name == "run" or name in self.hooks
+                },
+            },
+        }
+
+    async def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
+
+
+def _size(feeds: dict[str, Any]) -> int:
+    size = 0
+    for array in feeds.values():
+        size += array.size
+    return size

@@ -1,0 +1,227 @@
+"""Tensor descriptions, and the conversion of request values to a model's inputs.
+
+A `TensorSpec` is what ``GET /<api>`` shows of an input or output: a name, a dtype and a shape whose
+symbolic dimensions are None or their name. `InputConverter` turns a request's values (JSON lists, numbers,
+or what a pre_inference hook returned) into numpy arrays of the right dtype and checks their rank and fixed
+dimensions. Anything it cannot use is a 400 (`BadRequest`) that names the input, what was expected and
+what was received: bad input is never a 500.
+
+The converters are chosen once per input, at load; the request path only runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from modelserve.errors import BadRequest
+
+#: A dimension: a fixed size, a symbolic name, or None (unknown).
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output of a model. `dtype` is None for values that are not tensors (ONNX sequences, maps);
+    `shape` is None when even the rank is unknown."""
+
+    name: str
+    dtype: np.dtype[Any] | None
+    shape: tuple[Dim, ...] | None
+    #: The runtime's own type name, for values numpy has no dtype for (e.g. ``seq(map(int64,tensor(float)))``).
+    type_name: str | None = None
+
+    @property
+    def dtype_name(self) -> str:
+        if self.dtype is None:
+            return self.type_name or "unknown"
+        return "string" if self.dtype.kind in "OUS" else self.dtype.name
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype_name, "shape": None if self.shape is None else list(self.shape)}
+
+    def example(self) -> np.ndarray:
+        """An array this input accepts (zeros, symbolic dimensions as 1): used to warm a model up."""
+        shape = tuple(d if isinstance(d, int) and d >= 0 else 1 for d in (self.shape or ()))
+        if self.dtype is None or self.dtype.kind == "O":
+            return np.full(shape, "", dtype=object)
+        return np.zeros(shape, dtype=self.dtype)
+
+
+def shape_text(shape: Sequence[Dim] | None) -> str:
+    if shape is None:
+        return "any shape"
+    dims = ", ".join("null" if d is None else str(d) for d in shape)
+    return f"[{dims}]"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Unusable(Exception):
+    """A value that cannot become the input's dtype; the message says why."""
+
+
+# ------------------------------------------------------------------------------------------------
+# One function per dtype kind: value -> array of exactly `dtype`, or _Unusable.
+
+
+def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
+    def convert(value: Any) -> np.ndarray:
+        if isinstance(value, np.ndarray):
+            if value.dtype == dtype:
+                return value
+            if value.dtype.kind in "biuf":
+                return value.astype(dtype)
+        try:
+            array = np.asarray(value, dtype=dtype)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+        # JSON has no NaN or infinity: one here came from a null, or a number too large for the dtype.
+        if array.size and not np.isfinite(array).all():
+            raise _Unusable(f"holds a null or a number out of the range of {dtype.name}")
+        return array
+
+    return convert
+
+
+def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
+    info = np.iinfo(dtype)
+
+    def convert(value: Any) -> np.ndarray:
+        try:
+            raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+        if raw.dtype == dtype:
+            return raw
+        kind = raw.dtype.kind
+        if kind in "iuf" and raw.size:
+            if kind == "f" and not (np.isfinite(raw).all() and (raw == np.floor(raw)).all()):
+                raise _Unusable(f"holds a value that is not an integer, which {dtype.name} needs")
+            low, high = raw.min(), raw.max()
+            if low < info.min or high > info.max:
+                raise _Unusable(f"holds {low if low < info.min else high}, out of the range of {dtype.name}")
+        elif kind not in "biuf":
+            try:
+                return raw.astype(dtype)
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+        return raw.astype(dtype)
+
+    return convert
+
+
+def _to_bool(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
+    def convert(value: Any) -> np.ndarray:
+        try:
+            raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise _Unusable(f"cannot be converted to bool ({exc})") from None
+        if raw.dtype.kind == "b":
+            return raw
+        if raw.dtype.kind in "iuf" and ((raw == 0) | (raw == 1)).all():
+            return raw.astype(np.bool_)
+        raise _Unusable("holds a value that is not true, false, 0 or 1")
+
+    return convert
+
+
+def _to_string(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
+    def convert(value: Any) -> np.ndarray:
+        try:
+            raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise _Unusable(f"cannot be converted to strings ({exc})") from None
+        if raw.dtype.kind in "US":
+            return raw.astype(object)
+        if raw.dtype.kind == "O" and all(isinstance(item, (str, bytes)) for item in raw.flat):
+            return raw
+        raise _Unusable("holds a value that is not a string")
+
+    return convert
+
+
+def converter_for(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
+    kind = dtype.kind
+    if kind == "f":
+        return _to_float(dtype)
+    if kind in "iu":
+        return _to_int(dtype)
+    if kind == "b":
+        return _to_bool(dtype)
+    if kind in "OUS":
+        return _to_string(dtype)
+    raise TypeError(f"inputs of dtype {dtype} are not supported")
+
+
+class InputConverter:
+    """Turns request values into the feeds of a model: ``{input name: array}``."""
+
+    def __init__(self, inputs: Sequence[TensorSpec]) -> None:
+        self.inputs = tuple(inputs)
+        self.names = tuple(spec.name for spec in inputs)
+        self._single = self.inputs[0] if len(self.inputs) == 1 else None
+        self._steps: dict[str, tuple[TensorSpec, Callable[[Any], np.ndarray], int, tuple[tuple[int, int], ...]]] = {}
+        for spec in self.inputs:
+            if spec.dtype is None:
+                raise TypeError(f"input '{spec.name}' is of type {spec.type_name}; only tensor inputs are supported")
+            rank = -1 if spec.shape is None else len(spec.shape)
+            fixed = tuple((i, d) for i, d in enumerate(spec.shape or ()) if isinstance(d, int) and d >= 0)
+            self._steps[spec.name] = (spec, converter_for(spec.dtype), rank, fixed)
+
+    def expected(self) -> str:
+        return ", ".join(f"'{spec.name}' ({spec.dtype_name} {shape_text(spec.shape)})" for spec in self.inputs)
+
+    def __call__(self, value: Any) -> dict[str, np.ndarray]:
+        """The feeds of one call; `value` is a dict keyed by input names, or the value of a lone input."""
+        if not isinstance(value, dict):
+            if self._single is None:
+                raise BadRequest(
+                    f"expected an object keyed by the model's input names ({self.expected()}), "
+                    f"received {type(value).__name__}"
+                )
+            return {self._single.name: self._convert(self._single.name, value)}
+        if len(value) != len(self.names) or any(name not in value for name in self.names):
+            self._refuse_names(value)
+        return {name: self._convert(name, item) for name, item in value.items()}
+
+    def _refuse_names(self, value: dict[Any, Any]) -> None:
+        unknown = [str(name) for name in value if name not in self._steps]
+        missing = [name for name in self.names if name not in value]
+        problems = []
+        if missing:
+            problems.append("missing input " + ", ".join(f"'{name}'" for name in missing))
+        if unknown:
+            problems.append("unknown input " + ", ".join(f"'{name}'" for name in unknown))
+        raise BadRequest(f"{'; '.join(problems)}; the model's inputs are {self.expected()}")
+
+    def _convert(self, name: str, value: Any) -> np.ndarray:
+        spec, convert, rank, fixed = self._steps[name]
+        try:
+            array = convert(value)
+        except _Unusable as exc:
+            raise BadRequest(
+                f"input '{name}': expected {spec.dtype_name} with shape {shape_text(spec.shape)}; "
+                f"received {_short(value)}, which {exc}"
+            ) from None
+        shape = array.shape
+        if rank >= 0 and len(shape) != rank:
+            raise BadRequest(
+                f"input '{name}': expected {spec.dtype_name} with shape {shape_text(spec.shape)} (rank {rank}); "
+                f"received shape {list(shape)} (rank {len(shape)})"
+            )
+        for axis, size in fixed:
+            if shape[axis] != size:
+                raise BadRequest(
+                    f"input '{name}': expected {spec.dtype_name} with shape {shape_text(spec.shape)}; "
+                    f"received shape {list(shape)} (dimension {axis} is {shape[axis]}, not {size})"
+                )
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        return array

@@ -1,0 +1,109 @@
+"""The ONNX adapter: an onnxruntime `InferenceSession` over an ``.onnx`` file.
+
+Importing this module imports onnxruntime (and never TensorFlow). Hooks receive, as ``signature``, the
+session's input NodeArgs (``session.get_inputs()``) in pre_inference and its output NodeArgs in
+post_inference; ``prediction`` is the list of output arrays in the model's output order.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime
+
+from modelserve.errors import LoadError
+from modelserve.runtimes._model import LoadedModel
+from modelserve.runtimes._tensors import Dim, TensorSpec
+
+if TYPE_CHECKING:
+    from modelserve.config import ModelFileConfig
+
+logger = logging.getLogger("modelserve")
+
+_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int8)": np.int8,
+    "tensor(int16)": np.int16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+    "tensor(string)": np.object_,
+}
+
+
+def _spec(arg: Any) -> TensorSpec:
+    dtype = _DTYPES.get(arg.type)
+    shape: tuple[Dim, ...] | None = None
+    if arg.type.startswith("tensor(") and arg.shape is not None:
+        shape = tuple(d if isinstance(d, (int, str)) else None for d in arg.shape)
+    return TensorSpec(arg.name, None if dtype is None else np.dtype(dtype), shape, arg.type)
+
+
+def session_options(config: ModelFileConfig) -> onnxruntime.SessionOptions:
+    options = onnxruntime.SessionOptions()
+    if config.intra_op_threads is not None:
+        options.intra_op_num_threads = config.intra_op_threads
+    if config.inter_op_threads is not None:
+        options.inter_op_num_threads = config.inter_op_threads
+        if config.inter_op_threads > 1:
+            # inter-op threads only run independent branches of the graph in parallel mode
+            options.execution_mode = onnxruntime.ExecutionMode.ORT_PARALLEL
+    return options
+
+
+def choose_providers(wanted: list[str]) -> list[str]:
+    """The wanted execution providers that this onnxruntime build has, in the wanted order."""
+    available = onnxruntime.get_available_providers()
+    chosen = [name for name in wanted if name in available]
+    skipped = [name for name in wanted if name not in available]
+    if not chosen:
+        raise LoadError(
+            f"none of the execution providers {wanted} is available in this onnxruntime build "
+            f"(available: {', '.join(available)})"
+        )
+    if skipped:
+        logger.warning("onnx: execution providers %s are not available here; using %s", skipped, chosen)
+    return chosen
+
+
+class OnnxModel(LoadedModel):
+    format = "onnx"
+
+    def __init__(self, session: onnxruntime.InferenceSession) -> None:
+        self.session = session
+        self.pre_signature = session.get_inputs()
+        self.post_signature = session.get_outputs()
+        self.inputs = tuple(_spec(arg) for arg in self.pre_signature)
+        self.outputs = tuple(_spec(arg) for arg in self.post_signature)
+        self.output_names = tuple(arg.name for arg in self.post_signature)
+        self._run = session.run
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[Any]:
+        return self._run(None, feeds)
+
+    def as_response(self, prediction: list[Any]) -> dict[str, Any]:
+        return dict(zip(self.output_names, prediction, strict=True))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "providers": self.session.get_providers()}
+
+
+def load(path: Path, config: ModelFileConfig) -> OnnxModel:
+    """Create the session of an .onnx file with the API's providers and thread counts."""
+    if not path.is_file():
+        raise LoadError(f"{config.path}: an ONNX model must be a file (found a folder)")
+    providers = choose_providers(config.providers)
+    try:
+        session = onnxruntime.InferenceSession(str(path), session_options(config), providers=providers)
+    except Exception as exc:  # onnxruntime raises its own exception types for invalid models
+        raise LoadError(f"{config.path}: onnxruntime cannot load it: {exc}") from exc
+    return OnnxModel(session)

@@ -1,0 +1,109 @@
+"""The TensorFlow adapter: one signature of a SavedModel directory.
+
+Importing this module imports TensorFlow (seconds); it is imported only for projects that serve a
+SavedModel. Hooks receive, as ``signature``, the map from signature key to the SavedModel's
+``SignatureDef`` protos (read from ``saved_model.pb``); ``prediction`` is a dict from output name to array.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from modelserve.errors import LoadError
+from modelserve.runtimes._model import LoadedModel
+from modelserve.runtimes._tensors import Dim, TensorSpec
+
+if TYPE_CHECKING:
+    from modelserve.config import ModelFileConfig
+
+logger = logging.getLogger("modelserve")
+
+
+def _spec(name: str, spec: Any) -> TensorSpec:
+    try:
+        dims: list[Any] | None = spec.shape.as_list()
+    except ValueError:  # unknown rank
+        dims = None
+    shape: tuple[Dim, ...] | None = None if dims is None else tuple(dims)
+    return TensorSpec(name, np.dtype(spec.dtype.as_numpy_dtype), shape, spec.dtype.name)
+
+
+def signature_defs(path: Path) -> dict[str, Any]:
+    """The SignatureDef protos of the SavedModel's serving graph, by signature key."""
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    for graph in saved.meta_graphs:
+        if "serve" in graph.meta_info_def.tags or len(saved.meta_graphs) == 1:
+            return {key: value for key, value in graph.signature_def.items() if not key.startswith("__")}
+    return {}
+
+
+def set_threads(config: ModelFileConfig) -> None:
+    """Thread counts must be set before TensorFlow's runtime starts; later they are ignored (with a warning)."""
+    try:
+        if config.intra_op_threads is not None:
+            tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+        if config.inter_op_threads is not None:
+            tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
+    except RuntimeError:
+        logger.warning(
+            "tensorflow: intra_op_threads/inter_op_threads of %s are ignored: TensorFlow's runtime was "
+            "already started in this process",
+            config.path,
+        )
+
+
+def _to_text(array: np.ndarray) -> Any:
+    """String outputs come as bytes; JSON needs text."""
+    if array.dtype.kind == "O":
+        return [_to_text(item) if isinstance(item, np.ndarray) else _decode(item) for item in array]
+    return array
+
+
+def _decode(item: Any) -> Any:
+    return item.decode("utf-8", "replace") if isinstance(item, bytes) else item
+
+
+class TensorFlowModel(LoadedModel):
+    format = "tensorflow"
+
+    def __init__(self, loaded: Any, function: Any, signatures: dict[str, Any], signature_key: str) -> None:
+        self.loaded = loaded  # keeps the variables alive
+        self.function = function
+        self.signature_key = signature_key
+        self.pre_signature = self.post_signature = signatures
+        _, kwargs = function.structured_input_signature
+        self.inputs = tuple(_spec(name, spec) for name, spec in sorted(kwargs.items()))
+        outputs = function.structured_outputs
+        self.outputs = tuple(_spec(name, spec) for name, spec in sorted(outputs.items()))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: tensor.numpy() for name, tensor in self.function(**feeds).items()}
+
+    def as_response(self, prediction: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {name: _to_text(array) for name, array in prediction.items()}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "signature_key": self.signature_key}
+
+
+def load(path: Path, config: ModelFileConfig) -> TensorFlowModel:
+    """Load a SavedModel directory and pick its `signature_key` signature."""
+    if not (path / "saved_model.pb").is_file():
+        raise LoadError(f"{config.path}: not a SavedModel directory (no saved_model.pb in it)")
+    set_threads(config)
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as exc:
+        raise LoadError(f"{config.path}: TensorFlow cannot load it: {exc}") from exc
+    functions = getattr(loaded, "signatures", {})
+    if config.signature_key not in functions:
+        known = ", ".join(sorted(functions)) or "none"
+        raise LoadError(f"{config.path}: no signature {config.signature_key!r} (signatures: {known})")
+    return TensorFlowModel(loaded, functions[config.signature_key], signature_defs(path), config.signature_key)
