@@ -136,7 +136,8 @@ class ModelServer:
                 api_routes.append(Route(f"/{api.name}", endpoint, methods=["GET", "POST"]))
                 if len(self.apis) == 1:
                     api_routes.append(Route("/", endpoint, methods=["GET", "POST"]))
-        return routes + api_routes
+        # The APIs first: they take the traffic, and every route tried before one costs a regex match.
+        return api_routes + routes
 
 
 def _request_id(request: Request) -> str:

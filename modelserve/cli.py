@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--reload", action="store_true", help="restart when project files change")
     parser.add_argument(
+        "--no-access-log", dest="access_log", action="store_false", help="do not log a line per request"
+    )
+    parser.add_argument(
         "--graceful-timeout",
         type=float,
         default=DEFAULT_GRACE,
@@ -179,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "log_config": log_config,
         "timeout_graceful_shutdown": args.graceful_timeout,
         "server_header": False,
+        "access_log": args.access_log,
     }
     if not multiprocess:
         config = uvicorn.Config(app, **config_kwargs)

@@ -8,23 +8,29 @@ threads that run sync stages (anyio copies the context into them). Log records r
 from __future__ import annotations
 
 import contextvars
+import os
 import re
 import threading
-import uuid
 from collections.abc import Callable
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A random uuid4 as 32 hex digits (the same as ``uuid.uuid4().hex``, without building a UUID)."""
+    digits = os.urandom(16).hex()
+    return f"{digits[:12]}4{digits[13:16]}{_VARIANT[digits[16]]}{digits[17:]}"
+
+
+# The variant digit of a uuid4 is 8, 9, a or b: keep the two low bits of the random digit.
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 def sane_request_id(candidate: str | None) -> str:
     """The client's X-Request-ID when it is a sane token, else a fresh uuid4 hex."""
     if candidate and _REQUEST_ID_RE.match(candidate):
         return candidate
-    return uuid.uuid4().hex
+    return new_request_id()
 
 
 class RequestContext:

@@ -25,70 +25,12 @@ from modelserve.context import RequestContext, current
 from modelserve.errors import GatewayTimeout, HTTPError, ServiceUnavailable, UserCodeError
 from modelserve.limiter import QueueFull
 from modelserve.pipeline import RequestCancelled, StageFailed
+from modelserve.watch import Watch, Watchdog
 
 logger = logging.getLogger("modelserve")
 
-#: A request that runs longer than this starts watching its connection, so that a client who leaves is
-#: noticed. Shorter requests never pay for the watcher; a disconnect is noticed at most this late.
-WATCH_AFTER = 0.01
 #: HTTP status logged for a request whose client went away (nginx's convention).
 CLIENT_CLOSED = 499
-
-
-class Watch:
-    """Cancels the request's task on timeout, or when its client disconnects."""
-
-    __slots__ = ("ctx", "task", "receive", "armed", "_timer", "_watch_timer", "_watcher")
-
-    def __init__(self, ctx: RequestContext, receive: Receive, timeout: float | None, watch_after: float) -> None:
-        loop = asyncio.get_running_loop()
-        self.ctx = ctx
-        self.task = asyncio.current_task()
-        self.receive = receive
-        self.armed = True
-        self._timer = loop.call_later(timeout, self._expire) if timeout is not None else None
-        self._watch_timer = loop.call_later(watch_after, self.watch_now) if watch_after >= 0 else None
-        self._watcher: asyncio.Task[None] | None = None
-
-    def _fire(self, reason: str) -> None:
-        if self.armed and self.task is not None:
-            self.armed = False
-            self.ctx.cancel(reason)
-            self.task.cancel()
-
-    def _expire(self) -> None:
-        self._fire("timeout")
-
-    def watch_now(self) -> None:
-        if self._watcher is None and self.armed:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch())
-
-    async def _watch(self) -> None:
-        while self.armed:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                self._fire("disconnect")
-                return
-
-    def fired(self) -> bool:
-        return self.ctx.cancelled and not self.armed
-
-    def disarm(self) -> None:
-        """Stop watching; must be called before the final answer is sent (the server reports the end of a
-        response to the watcher as a disconnect)."""
-        self.armed = False
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._watch_timer is not None:
-            self._watch_timer.cancel()
-        if self._watcher is not None:
-            self._watcher.cancel()
-
-    def absorb_cancel(self) -> None:
-        """Undo our own `task.cancel()` so that the task can go on to answer."""
-        uncancel = getattr(self.task, "uncancel", None)
-        if uncancel is not None:
-            uncancel()
 
 
 class RealtimeEndpoint:
@@ -97,6 +39,7 @@ class RealtimeEndpoint:
     def __init__(self, api: Api) -> None:
         self.api = api
         self.name = api.name
+        self.watchdog = Watchdog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -158,7 +101,7 @@ class RealtimeEndpoint:
     ) -> int:
         api = self.api
         limiter = api.limiter
-        watch = Watch(ctx, receive, api.config.timeout, WATCH_AFTER)
+        watch = Watch(self.watchdog, ctx, receive, api.config.timeout)
         acquired = False
         try:
             await limiter.acquire()

@@ -24,7 +24,7 @@ from modelserve.pipeline import run_in_thread
 if TYPE_CHECKING:
     from starlette.types import Send
 
-    from modelserve.endpoint import Watch
+    from modelserve.watch import Watch
 
 logger = logging.getLogger("modelserve")
 

@@ -1,0 +1,122 @@
+"""Watching requests: cancel one when its timeout passes or its client disconnects.
+
+A per-request timer costs more than a small model's whole request, so one `Watchdog` per API ticks every
+few milliseconds while requests are in flight and looks after all of them: it expires the ones past their
+deadline and, for those running longer than `WATCH_AFTER`, starts a task that waits for the client's
+disconnect. Short requests never pay for a watcher task; a disconnect or a timeout is noticed at most one
+tick (`TICK`) late.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.types import Receive
+
+from modelserve.context import RequestContext
+
+#: A request running longer than this starts watching its connection.
+WATCH_AFTER = 0.01
+#: How often the watchdog looks at the requests in flight.
+TICK = 0.005
+
+
+class Watch:
+    """One request under watch: cancels the request's task on timeout or client disconnect."""
+
+    __slots__ = ("ctx", "task", "receive", "armed", "started", "deadline", "watchdog", "_watcher")
+
+    def __init__(self, watchdog: Watchdog, ctx: RequestContext, receive: Receive, timeout: float | None) -> None:
+        self.ctx = ctx
+        self.task = asyncio.current_task()
+        self.receive = receive
+        self.armed = True
+        self.watchdog = watchdog
+        self.started = watchdog.now()
+        self.deadline = self.started + timeout if timeout is not None else None
+        self._watcher: asyncio.Task[None] | None = None
+        watchdog.add(self)
+
+    def _fire(self, reason: str) -> None:
+        if self.armed and self.task is not None:
+            self.armed = False
+            self.watchdog.discard(self)
+            self.ctx.cancel(reason)
+            self.task.cancel()
+
+    def expire(self) -> None:
+        self._fire("timeout")
+
+    def watch_now(self) -> None:
+        """Start waiting for the client's disconnect (at once for streams, else from the watchdog)."""
+        if self._watcher is None and self.armed:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    @property
+    def watching(self) -> bool:
+        return self._watcher is not None
+
+    async def _watch(self) -> None:
+        while self.armed:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self._fire("disconnect")
+                return
+
+    def fired(self) -> bool:
+        return self.ctx.cancelled and not self.armed
+
+    def disarm(self) -> None:
+        """Stop watching; call it before the final answer is sent (the server reports the end of a response
+        to a waiting receive() as a disconnect)."""
+        if self.armed:
+            self.armed = False
+            self.watchdog.discard(self)
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+
+    def absorb_cancel(self) -> None:
+        """Undo our own `task.cancel()` so that the task can go on to answer."""
+        uncancel = getattr(self.task, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
+
+
+class Watchdog:
+    """Ticks every `TICK` seconds while any request is in flight."""
+
+    def __init__(self, watch_after: float = WATCH_AFTER, tick: float = TICK) -> None:
+        self.watch_after = watch_after
+        self.tick = tick
+        self.active: dict[Watch, None] = {}
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def now(self) -> float:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._handle = loop, None
+        return loop.time()
+
+    def add(self, watch: Watch) -> None:
+        self.active[watch] = None
+        if self._handle is None:
+            assert self._loop is not None
+            self._handle = self._loop.call_later(self.tick, self._tick)
+
+    def discard(self, watch: Watch) -> None:
+        self.active.pop(watch, None)
+
+    def _tick(self) -> None:
+        self._handle = None
+        assert self._loop is not None
+        now = self._loop.time()
+        watch_before = now - self.watch_after
+        for watch in list(self.active):
+            if watch.deadline is not None and now >= watch.deadline:
+                watch.expire()
+            elif watch._watcher is None and watch.started <= watch_before:
+                watch.watch_now()
+        if self.active:
+            self._handle = self._loop.call_later(self.tick, self._tick)
