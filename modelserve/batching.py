@@ -132,3 +132,47 @@ class Batcher:
         finally:
             self.running -= 1
             self._dispatch()
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensor batching for model files: per-request feeds stacked along the first dimension, outputs split back.
+
+
+def rows_of(feeds: dict[str, Any]) -> int | None:
+    """The number of rows every input of one request shares, or None when they disagree (or are scalars)."""
+    rows = None
+    for array in feeds.values():
+        shape = getattr(array, "shape", ())
+        if not shape:
+            return None
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            return None
+    return rows
+
+
+def stack_key(feeds: dict[str, Any]) -> tuple[Any, ...]:
+    """Requests with equal keys can be concatenated: same inputs, dtypes and non-batch dimensions."""
+    return tuple((name, array.dtype.str, array.shape[1:]) for name, array in feeds.items())
+
+
+def split_prediction(prediction: Any, bounds: list[tuple[int, int]], total: int) -> list[Any] | None:
+    """Cut a batched prediction (a list or a dict of arrays) back into one per request.
+
+    None when an output has no batch dimension (its first dimension is not the batch's row count), in which
+    case the requests must run separately.
+    """
+    if isinstance(prediction, dict):
+        arrays = list(prediction.values())
+    elif isinstance(prediction, (list, tuple)):
+        arrays = list(prediction)
+    else:
+        return None
+    for array in arrays:
+        shape = getattr(array, "shape", ())
+        if not shape or shape[0] != total:
+            return None
+    if isinstance(prediction, dict):
+        return [{key: value[start:end] for key, value in prediction.items()} for start, end in bounds]
+    return [[value[start:end] for value in arrays] for start, end in bounds]
