@@ -50,6 +50,8 @@ class ModelServer:
     ) -> None:
         self.project = project
         self.workers = workers
+        #: Seconds that running async jobs get to finish at shutdown (the CLI's --graceful-timeout).
+        self.graceful_timeout = 30.0
         self.metrics = Metrics()
         self.metrics_client = MetricsClient(self.metrics)
         self.on_load_error = on_load_error
@@ -82,7 +84,13 @@ class ModelServer:
                     self.on_load_error(exc)
                 return
         for extension in self.extensions:
-            await extension.start()
+            try:
+                await extension.start()
+            except LoadError as exc:
+                logger.error("%s", exc)
+                if self.on_load_error is not None:
+                    self.on_load_error(exc)
+                return
 
     async def wait_loaded(self) -> None:
         """Wait until loading has ended (successfully or not)."""
@@ -124,14 +132,15 @@ class ModelServer:
             Route("/metrics", self.metrics_route, methods=["GET"]),
         ]
         api_routes: list[BaseRoute] = []
-        for api in self.apis.values():
-            if api.config.kind == "async":
-                from modelserve.jobs.routes import AsyncApiRoutes
+        async_apis = [api for api in self.apis.values() if api.config.kind == "async"]
+        if async_apis:
+            from modelserve.jobs.routes import Jobs
 
-                extension = AsyncApiRoutes(api, self)
-                self.extensions.append(extension)
-                api_routes.extend(extension.routes())
-            else:
+            jobs = Jobs(self, async_apis)
+            self.extensions.append(jobs)
+            api_routes.extend(jobs.routes())
+        for api in self.apis.values():
+            if api.config.kind != "async":
                 endpoint = RealtimeEndpoint(api)
                 api_routes.append(Route(f"/{api.name}", endpoint, methods=["GET", "POST"]))
                 if len(self.apis) == 1:

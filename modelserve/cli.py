@@ -99,19 +99,22 @@ def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         "jobs_store": args.jobs_store,
         "workers": args.workers,
         "reload": args.reload,
+        "graceful_timeout": args.graceful_timeout,
     }
 
 
 def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
     from modelserve.app import create_app
 
-    return create_app(
+    app = create_app(
         settings["project_dir"],
         base_url=settings["base_url"],
         on_load_error=on_load_error,
         jobs_store=settings["jobs_store"],
         workers=settings["workers"],
     )
+    app.server.graceful_timeout = settings["graceful_timeout"]
+    return app
 
 
 def worker_app() -> Any:

@@ -1,0 +1,80 @@
+"""A Cortex-style async Handler class: ``handle_async(payload, request_id)`` runs each background job."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from modelserve.backends import Backend, resolve_class
+from modelserve.backends.model_class import call_load, check_constructor, construct
+from modelserve.context import RequestContext
+from modelserve.errors import LoadError
+from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
+from modelserve.pipeline import RequestCancelled, StageFailed, run_in_thread
+
+if TYPE_CHECKING:
+    from modelserve.config import ApiConfig
+    from modelserve.metrics import ApiMetrics, MetricsClient
+
+JOB_ARGS = ("payload", "request_id")
+
+
+class HandlerClassBackend(Backend):
+    kind = "handler_class"
+
+    def __init__(self, api: ApiConfig, root: Path | None, metrics_client: MetricsClient, api_metrics: ApiMetrics):
+        self.api = api
+        self.cls, self.label = resolve_class(api, root, "Handler")
+        self.metrics_client = metrics_client
+        self.api_metrics = api_metrics
+        self.instance: Any = None
+        check_constructor(self.cls, self.label)
+        handle = getattr(self.cls, "handle_async", None)
+        if handle is None or not callable(handle):
+            raise LoadError(f"{self.label}: a Handler class needs a method handle_async(payload, request_id)")
+        label = f"{self.cls.__name__}.handle_async"
+        missing = required_unknown_params(handle, {"self", *JOB_ARGS})
+        if missing:
+            raise LoadError(
+                f"{self.label}: {describe_callable(handle, label)} requires {missing}; "
+                "handle_async may take only payload and request_id"
+            )
+        if inspect.isasyncgenfunction(handle) or inspect.isgeneratorfunction(handle):
+            raise LoadError(f"{self.label}: {label} is a generator; a job returns one JSON-serialisable result")
+        self.is_async = inspect.iscoroutinefunction(handle)
+        self.wants = {name for name in select_kwargs(handle, dict.fromkeys(JOB_ARGS))}
+        self.has_load = callable(getattr(self.cls, "load", None))
+
+    async def load(self) -> None:
+        config = self.api.handler.config if self.api.handler else {}
+        available = {"config": config, "metrics_client": self.metrics_client}
+        self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
+        if self.has_load:
+            load = getattr(self.cls, "load")  # noqa: B009
+            await call_load(self.instance, self.label, inspect.iscoroutinefunction(load))
+
+    async def run_job(self, payload: Any, request_id: str, ctx: RequestContext | None) -> Any:
+        arguments = {"payload": payload, "request_id": request_id}
+        kwargs = {name: arguments[name] for name in self.wants}
+        handle = self.instance.handle_async
+        try:
+            if self.is_async:
+                return await handle(**kwargs)
+            return await run_in_thread(_call, handle, kwargs, ctx=ctx)
+        except RequestCancelled:
+            raise
+        except Exception as exc:
+            raise StageFailed("handle_async", exc) from exc
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "class": self.label,
+            "handle_async": {"async": self.is_async, "takes": sorted(self.wants)},
+        }
+
+
+def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
+    return fn(**kwargs)

@@ -1,0 +1,165 @@
+"""The job table's interface, shared by every store, and the records it keeps.
+
+A job goes ``in_queue`` -> ``in_progress`` -> ``completed`` | ``failed``, or to ``cancelled`` from either
+of the first two. The routes and the worker loop only talk to a `JobStore`; nothing assumes that the
+process that accepted a job is the one that runs it.
+
+A running job carries a *lease*: its owner (one process) renews it while the job runs. A lease that
+expires means its process died; the job is then put back in the queue once, and failed the second time
+(`MAX_ATTEMPTS`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from modelserve.codecs import encode_json
+from modelserve.errors import Conflict, ServiceUnavailable
+
+IN_QUEUE = "in_queue"
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLED = "cancelled"
+ENDED = frozenset({COMPLETED, FAILED, CANCELLED})
+
+#: A job whose process died twice while running it is failed instead of being retried again.
+MAX_ATTEMPTS = 2
+INTERRUPTED_TWICE = "the job was interrupted twice (its process stopped while running it); not retried again"
+
+#: How long a running job's lease lasts, and how often its owner renews it.
+LEASE_SECONDS = 5.0
+HEARTBEAT_SECONDS = 0.5
+
+
+class DuplicateJob(Conflict):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"a job with id {job_id!r} already exists; send another X-Request-ID")
+
+
+class JobQueueFull(ServiceUnavailable):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the job queue is full ({limit} jobs waiting); retry later")
+
+
+@dataclass
+class NewJob:
+    """What the submit route hands to a store. `payload` is the body re-encoded for its `kind`."""
+
+    api: str
+    id: str
+    kind: str  # json | text | bytes: how to give the payload back to the handler
+    payload: bytes
+
+
+@dataclass
+class ClaimedJob:
+    api: str
+    id: str
+    kind: str
+    payload: bytes
+    attempts: int
+
+
+@dataclass
+class JobView:
+    """A job as ``GET /<api>/<id>`` shows it. `result` is the stored JSON document of a completed job."""
+
+    id: str
+    status: str
+    result: bytes | None = None
+    error: str | None = None
+    finished: float | None = None
+
+    def to_json(self) -> bytes:
+        head = {"id": self.id, "status": self.status}
+        if self.status == COMPLETED and self.result is not None:
+            # The result is already JSON: splice it in instead of parsing and re-encoding it.
+            prefix = encode_json(head)[:-1]
+            return prefix + b',"result":' + self.result + b',"timestamp":' + encode_json(iso(self.finished)) + b"}"
+        body: dict[str, object] = dict(head)
+        if self.status == FAILED:
+            body["error"] = self.error or "the job failed"
+        if self.status in ENDED:
+            body["timestamp"] = iso(self.finished)
+        return encode_json(body)
+
+
+def iso(stamp: float | None) -> str | None:
+    """A Unix time as ISO 8601 in UTC, to the millisecond (``2026-11-22T18:40:00.123Z``)."""
+    if stamp is None:
+        return None
+    moment = datetime.fromtimestamp(stamp, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def now() -> float:
+    return time.time()
+
+
+class JobStore:
+    """Where jobs live. Every method is a coroutine except `check`; each call is atomic on its own."""
+
+    #: Shown in logs and messages.
+    description = "job store"
+    #: Jobs survive a restart of the server.
+    durable = False
+    #: Several processes (``--workers``, machines) may share it.
+    shared = False
+    #: How often an idle worker asks for work it was not told about (None: only when woken in-process).
+    poll_interval: float | None = None
+
+    def check(self) -> None:
+        """Open and close the store once, synchronously, so that start-up fails early (`LoadError`)."""
+
+    async def open(self) -> None:
+        """Connect; called on the serving loop before the first job."""
+
+    async def close(self) -> None:
+        """Release connections; called at shutdown."""
+
+    async def submit(self, job: NewJob, max_queued: int) -> None:
+        """Commit a new queued job; `DuplicateJob` when its id is taken, `JobQueueFull` beyond `max_queued`."""
+        raise NotImplementedError
+
+    async def claim(self, api: str, owner: str) -> ClaimedJob | None:
+        """Take the oldest queued job of `api` for `owner` (now in_progress, leased), or None."""
+        raise NotImplementedError
+
+    async def finish(
+        self, api: str, job_id: str, owner: str, status: str, result: bytes | None, error: str | None, ttl: float
+    ) -> bool:
+        """Record the end of a job `owner` ran; False when it is no longer `owner`'s (cancelled meanwhile)."""
+        raise NotImplementedError
+
+    async def release(self, api: str, job_id: str, owner: str) -> None:
+        """Put a job `owner` could not finish (shutdown) back at the head of the queue, not counted as a try."""
+        raise NotImplementedError
+
+    async def get(self, api: str, job_id: str) -> JobView | None:
+        raise NotImplementedError
+
+    async def cancel(self, api: str, job_id: str, ttl: float) -> str | None:
+        """Cancel a queued or running job; its status before (None when unknown). Ended jobs stay as they are."""
+        raise NotImplementedError
+
+    async def heartbeat(self, api: str, owner: str, job_ids: list[str]) -> set[str]:
+        """Renew the leases of `owner`'s running jobs; the ids among them that are no longer its own."""
+        raise NotImplementedError
+
+    async def recover(self, api: str, ttl: float) -> tuple[int, int]:
+        """Requeue jobs whose lease expired (their process died), or fail them the second time.
+
+        Returns (requeued, failed).
+        """
+        return 0, 0
+
+    async def sweep(self) -> int:
+        """Remove the records whose retention has passed; how many went."""
+        return 0
+
+    async def queued(self, api: str) -> int:
+        """Jobs of `api` waiting to run, across every process."""
+        raise NotImplementedError

@@ -1,0 +1,259 @@
+"""The default job store: one SQLite file, durable, shared by the processes of one machine.
+
+The database runs in WAL mode with ``synchronous=NORMAL``: a committed job survives the process being
+killed (kill -9, OOM), and readers never wait for writers. Every statement runs on one thread per process
+that owns the connection, so the event loop never waits for the disk or for another process's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from modelserve.errors import LoadError
+from modelserve.jobs.base import (
+    CANCELLED,
+    FAILED,
+    IN_PROGRESS,
+    IN_QUEUE,
+    INTERRUPTED_TWICE,
+    LEASE_SECONDS,
+    MAX_ATTEMPTS,
+    ClaimedJob,
+    DuplicateJob,
+    JobQueueFull,
+    JobStore,
+    JobView,
+    NewJob,
+    now,
+)
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY,
+    api TEXT NOT NULL,
+    id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload BLOB,
+    result BLOB,
+    error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_until REAL,
+    finished REAL,
+    expires_at REAL,
+    UNIQUE (api, id)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (api, status, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at) WHERE expires_at IS NOT NULL;
+"""
+
+
+class SQLiteStore(JobStore):
+    durable = True
+    shared = True
+    poll_interval = 0.02
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.description = f"sqlite store {path}"
+        self._db: sqlite3.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+
+    # ---------------------------------------------------------------------------------------------
+    # connection
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        return db
+
+    def check(self) -> None:
+        try:
+            self._connect().close()
+        except (OSError, sqlite3.Error) as exc:
+            raise LoadError(f"cannot open the {self.description}: {exc}") from exc
+
+    async def open(self) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="modelserve-sqlite")
+        try:
+            self._db = await self._run(self._connect)
+        except (OSError, sqlite3.Error) as exc:
+            raise LoadError(f"cannot open the {self.description}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        if self._db is not None:
+            await self._run(self._db.close)
+            self._db = None
+        self._thread.shutdown(wait=True)
+        self._thread = None
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        assert self._thread is not None, "the sqlite store is not open"
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return value
+
+    # ---------------------------------------------------------------------------------------------
+    # the interface; each method is one transaction on the store's thread
+
+    async def submit(self, job: NewJob, max_queued: int) -> None:
+        def insert(db: sqlite3.Connection) -> None:
+            (waiting,) = db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE api = ? AND status = ?", (job.api, IN_QUEUE)
+            ).fetchone()
+            if waiting >= max_queued:
+                raise JobQueueFull(max_queued)
+            try:
+                db.execute(
+                    "INSERT INTO jobs (api, id, status, kind, payload) VALUES (?, ?, ?, ?, ?)",
+                    (job.api, job.id, IN_QUEUE, job.kind, job.payload),
+                )
+            except sqlite3.IntegrityError:
+                raise DuplicateJob(job.id) from None
+
+        await self._run(self._transaction, insert)
+
+    async def claim(self, api: str, owner: str) -> ClaimedJob | None:
+        def take(db: sqlite3.Connection) -> ClaimedJob | None:
+            row = db.execute(
+                "UPDATE jobs SET status = ?, owner = ?, lease_until = ?, attempts = attempts + 1 "
+                "WHERE seq = (SELECT seq FROM jobs WHERE api = ? AND status = ? ORDER BY seq LIMIT 1) "
+                "RETURNING id, kind, payload, attempts",
+                (IN_PROGRESS, owner, now() + LEASE_SECONDS, api, IN_QUEUE),
+            ).fetchone()
+            if row is None:
+                return None
+            return ClaimedJob(api, row[0], row[1], row[2], row[3])
+
+        return await self._run(self._transaction, take)
+
+    async def finish(
+        self, api: str, job_id: str, owner: str, status: str, result: bytes | None, error: str | None, ttl: float
+    ) -> bool:
+        def end(db: sqlite3.Connection) -> bool:
+            moment = now()
+            cursor = db.execute(
+                "UPDATE jobs SET status = ?, result = ?, error = ?, finished = ?, expires_at = ?, payload = NULL, "
+                "owner = NULL, lease_until = NULL WHERE api = ? AND id = ? AND status = ? AND owner = ?",
+                (status, result, error, moment, moment + ttl, api, job_id, IN_PROGRESS, owner),
+            )
+            return cursor.rowcount == 1
+
+        return await self._run(self._transaction, end)
+
+    async def release(self, api: str, job_id: str, owner: str) -> None:
+        def requeue(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE jobs SET status = ?, owner = NULL, lease_until = NULL, attempts = attempts - 1 "
+                "WHERE api = ? AND id = ? AND status = ? AND owner = ?",
+                (IN_QUEUE, api, job_id, IN_PROGRESS, owner),
+            )
+
+        await self._run(self._transaction, requeue)
+
+    async def get(self, api: str, job_id: str) -> JobView | None:
+        def read() -> JobView | None:
+            assert self._db is not None
+            row = self._db.execute(
+                "SELECT status, result, error, finished FROM jobs WHERE api = ? AND id = ?", (api, job_id)
+            ).fetchone()
+            return None if row is None else JobView(job_id, row[0], row[1], row[2], row[3])
+
+        return await self._run(read)
+
+    async def cancel(self, api: str, job_id: str, ttl: float) -> str | None:
+        def stop(db: sqlite3.Connection) -> str | None:
+            row = db.execute("SELECT status FROM jobs WHERE api = ? AND id = ?", (api, job_id)).fetchone()
+            if row is None:
+                return None
+            before: str = row[0]
+            if before in (IN_QUEUE, IN_PROGRESS):
+                moment = now()
+                db.execute(
+                    "UPDATE jobs SET status = ?, finished = ?, expires_at = ?, payload = NULL, owner = NULL, "
+                    "lease_until = NULL WHERE api = ? AND id = ?",
+                    (CANCELLED, moment, moment + ttl, api, job_id),
+                )
+            return before
+
+        return await self._run(self._transaction, stop)
+
+    async def heartbeat(self, api: str, owner: str, job_ids: list[str]) -> set[str]:
+        def renew(db: sqlite3.Connection) -> set[str]:
+            db.execute(
+                "UPDATE jobs SET lease_until = ? WHERE api = ? AND owner = ? AND status = ?",
+                (now() + LEASE_SECONDS, api, owner, IN_PROGRESS),
+            )
+            mine = {
+                row[0]
+                for row in db.execute(
+                    "SELECT id FROM jobs WHERE api = ? AND owner = ? AND status = ?", (api, owner, IN_PROGRESS)
+                )
+            }
+            return {job_id for job_id in job_ids if job_id not in mine}
+
+        return await self._run(self._transaction, renew)
+
+    async def recover(self, api: str, ttl: float) -> tuple[int, int]:
+        def requeue_expired(db: sqlite3.Connection) -> tuple[int, int]:
+            moment = now()
+            rows = db.execute(
+                "SELECT seq, attempts FROM jobs WHERE api = ? AND status = ? AND lease_until < ?",
+                (api, IN_PROGRESS, moment),
+            ).fetchall()
+            requeued = failed = 0
+            for seq, attempts in rows:
+                if attempts >= MAX_ATTEMPTS:
+                    db.execute(
+                        "UPDATE jobs SET status = ?, error = ?, finished = ?, expires_at = ?, payload = NULL, "
+                        "owner = NULL, lease_until = NULL WHERE seq = ?",
+                        (FAILED, INTERRUPTED_TWICE, moment, moment + ttl, seq),
+                    )
+                    failed += 1
+                else:
+                    db.execute(
+                        "UPDATE jobs SET status = ?, owner = NULL, lease_until = NULL WHERE seq = ?", (IN_QUEUE, seq)
+                    )
+                    requeued += 1
+            return requeued, failed
+
+        return await self._run(self._transaction, requeue_expired)
+
+    async def sweep(self) -> int:
+        def delete(db: sqlite3.Connection) -> int:
+            return db.execute("DELETE FROM jobs WHERE expires_at <= ?", (now(),)).rowcount
+
+        return await self._run(self._transaction, delete)
+
+    async def queued(self, api: str) -> int:
+        def count() -> int:
+            assert self._db is not None
+            (waiting,) = self._db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE api = ? AND status = ?", (api, IN_QUEUE)
+            ).fetchone()
+            return int(waiting)
+
+        return await self._run(count)
