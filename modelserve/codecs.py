@@ -24,8 +24,8 @@ BYTES_TYPE = b"application/octet-stream"
 class EncodeError(TypeError):
     """A result of a type that no encoder knows."""
 
-    def __init__(self, value: Any) -> None:
-        self.type_name = f"{type(value).__module__}.{type(value).__qualname__}"
+    def __init__(self, value: Any, type_name: str | None = None) -> None:
+        self.type_name = type_name or f"{type(value).__module__}.{type(value).__qualname__}"
         super().__init__(f"cannot encode a result of type {self.type_name}")
 
 
@@ -121,7 +121,9 @@ def encode_json(value: Any) -> bytes:
         cause = exc.__cause__
         if isinstance(cause, EncodeError):
             raise cause from None
-        raise EncodeError(value) from exc
+        # Older orjson replaces the default's exception with its own, naming the type that failed.
+        failed = str(exc).rpartition("Type is not JSON serializable: ")[2]
+        raise EncodeError(value, failed if failed != str(exc) else None) from exc
 
 
 def encode_result(value: Any) -> tuple[bytes, bytes]:
