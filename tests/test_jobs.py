@@ -1,0 +1,536 @@
+"""Async jobs through HTTP against real servers: the same behaviour with the memory, SQLite and Redis stores,
+then what only the durable stores promise (restarts, kill -9, several processes)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, write_project
+
+HANDLER = """
+import asyncio
+import os
+import time
+
+
+def mark(*words):
+    with open("runs.log", "a") as log:
+        log.write(" ".join(str(word) for word in words) + "\\n")
+
+
+class Handler:
+    def __init__(self, config, metrics_client):
+        self.config = config
+
+    async def handle_async(self, payload, request_id):
+        mark(os.getpid(), request_id, "start", time.time())
+        try:
+            if isinstance(payload, dict):
+                if "fail" in payload:
+                    raise ValueError("no good: " + payload["fail"])
+                if "object" in payload:
+                    return {"value": object()}
+                if "sleep" in payload:
+                    await asyncio.sleep(payload["sleep"])
+            if isinstance(payload, bytes):
+                payload = payload.hex()
+            return {"type": type(payload).__name__, "payload": payload, "request_id": request_id}
+        except asyncio.CancelledError:
+            mark(os.getpid(), request_id, "cancelled")
+            raise
+        finally:
+            mark(os.getpid(), request_id, "end")
+
+
+class SyncHandler:
+    def handle_async(self, payload):
+        time.sleep(payload.get("sleep", 0))
+        return {"slept": payload.get("sleep", 0)}
+"""
+
+CONFIG = """
+apis:
+  - name: jobs
+    kind: async
+    handler: {path: handler.py, config: {greeting: hi}}
+  - name: sync
+    kind: async
+    handler: {path: handler.py, class: SyncHandler}
+  - name: narrow
+    kind: async
+    handler: {path: handler.py}
+    max_queue_length: 1
+  - name: short
+    kind: async
+    handler: {path: handler.py}
+    result_ttl: 1
+"""
+
+STORES = ["memory", "sqlite", "redis"]
+
+
+def project(root: Path, config: str = CONFIG) -> Path:
+    return write_project(root, {"handler.py": HANDLER, "modelserve.yaml": config})
+
+
+def runs(root: Path) -> list[list[str]]:
+    path = root / "runs.log"
+    if not path.exists():
+        return []
+    return [line.split() for line in path.read_text().splitlines()]
+
+
+def wait_started(root: Path, job_id: str, times: int, timeout: float = 30) -> None:
+    """Wait until the handler has started `job_id` `times` times (a restarted job shows a stale in_progress)."""
+    deadline = time.monotonic() + timeout
+    while len([run for run in runs(root) if run[1] == job_id and run[2] == "start"]) < times:
+        assert time.monotonic() < deadline, f"job {job_id} was not started {times} time(s): {runs(root)}"
+        time.sleep(0.02)
+
+
+def submit(url: str, payload: Any = None, *, api: str = "jobs", **kwargs: Any) -> httpx.Response:
+    if payload is not None:
+        kwargs["json"] = payload
+    return httpx.post(f"{url}/{api}", timeout=10, **kwargs)
+
+
+def wait_status(url: str, job_id: str, statuses: set[str], *, api: str = "jobs", timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = httpx.get(f"{url}/{api}/{job_id}", timeout=10)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        if body["status"] in statuses:
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {body['status']} after {timeout} s")
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------------------------------
+# a Redis server of the tests' own
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (scripts/test installs it)")
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.05)
+    client.close()
+    yield f"redis://127.0.0.1:{port}/0"
+    process.terminate()
+    process.wait(10)
+
+
+def store_arg(store: str, request: pytest.FixtureRequest) -> str:
+    if store == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        # Each server gets its own key prefix through its own project, so tests never see each other's jobs.
+        return url
+    return store
+
+
+@pytest.fixture(scope="module", params=STORES)
+def served(request: pytest.FixtureRequest, start_server_module: Any, tmp_path_factory: pytest.TempPathFactory):
+    """(server, project root) for each store, shared by the behavioural tests below."""
+    store = request.param
+    root = project(tmp_path_factory.mktemp(f"jobs-{store}"))
+    if store == "redis":
+        config = CONFIG.replace("apis:", f"jobs: {{prefix: {root.name}}}\napis:", 1)
+        (root / "modelserve.yaml").write_text(config)
+    server = start_server_module(root, "--jobs-store", store_arg(store, request))
+    server.wait_ready()
+    return server, root
+
+
+# ------------------------------------------------------------------------------------------------------
+# the contract, for every store
+
+
+def test_job_goes_from_queue_to_completed(served: Any) -> None:
+    server, _ = served
+    answer = submit(server.url, {"sleep": 0.3})
+    assert answer.status_code == 200
+    job_id = answer.json()["id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", job_id)
+    assert answer.headers["x-request-id"] == job_id
+    running = wait_status(server.url, job_id, {"in_progress", "completed"})
+    assert running["status"] == "in_progress"
+    assert set(running) == {"id", "status"}
+    done = wait_status(server.url, job_id, {"completed"})
+    assert done["result"] == {"type": "dict", "payload": {"sleep": 0.3}, "request_id": job_id}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", done["timestamp"])
+
+
+def test_queued_behind_a_running_job(served: Any) -> None:
+    server, _ = served
+    first = submit(server.url, {"sleep": 0.5}).json()["id"]
+    second = submit(server.url, {"sleep": 0}).json()["id"]
+    assert httpx.get(f"{server.url}/jobs/{second}").json()["status"] == "in_queue"
+    wait_status(server.url, first, {"completed"})
+    wait_status(server.url, second, {"completed"})
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "expected_type", "expected"),
+    [
+        ("application/json", b'[1, "two", null]', "list", [1, "two", None]),
+        ("application/vnd.api+json", b'{"a": 1}', "dict", {"a": 1}),
+        ("text/plain; charset=latin-1", "caf\u00e9".encode("latin-1"), "str", "caf\u00e9"),
+        ("application/octet-stream", b"\x00\xff", "str", "00ff"),
+        (None, b"raw", "str", "726177"),
+    ],
+)
+def test_payload_types(served: Any, content_type: str | None, body: bytes, expected_type: str, expected: Any) -> None:
+    server, _ = served
+    headers = {"content-type": content_type} if content_type else {}
+    job_id = submit(server.url, content=body, headers=headers).json()["id"]
+    result = wait_status(server.url, job_id, {"completed"})["result"]
+    assert (result["type"], result["payload"]) == (expected_type, expected)
+
+
+def test_request_id_is_the_job_id_and_a_duplicate_is_409(served: Any, request: pytest.FixtureRequest) -> None:
+    server, _ = served
+    job_id = f"mine-{request.node.callspec.id}-{time.monotonic_ns()}"
+    first = submit(server.url, {"n": 1}, headers={"x-request-id": job_id})
+    assert first.json() == {"id": job_id}
+    again = submit(server.url, {"n": 2}, headers={"x-request-id": job_id})
+    assert again.status_code == 409
+    assert again.json() == {
+        "error": f"a job with id {job_id!r} already exists; send another X-Request-ID",
+        "request_id": job_id,
+    }
+    assert wait_status(server.url, job_id, {"completed"})["result"]["payload"] == {"n": 1}
+
+
+def test_malformed_json_is_refused_at_submit(served: Any) -> None:
+    server, _ = served
+    answer = submit(server.url, content=b"{nope", headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    assert "not valid JSON" in answer.json()["error"]
+
+
+def test_failures_say_why_without_a_traceback(served: Any) -> None:
+    server, _ = served
+    failed = wait_status(server.url, submit(server.url, {"fail": "bad input"}).json()["id"], {"failed"})
+    assert failed["error"] == "handle_async raised ValueError: no good: bad input"
+    assert "Traceback" not in failed["error"]
+    assert "timestamp" in failed and "result" not in failed
+    odd = wait_status(server.url, submit(server.url, {"object": 1}).json()["id"], {"failed"})
+    assert odd["error"].startswith("the result is not JSON-serialisable")
+    assert "object" in odd["error"]
+
+
+def test_unknown_job_is_404_and_an_ended_job_cannot_be_cancelled(served: Any) -> None:
+    server, _ = served
+    missing = httpx.get(f"{server.url}/jobs/no-such-job")
+    assert missing.status_code == 404
+    assert "no-such-job" in missing.json()["error"]
+    assert httpx.delete(f"{server.url}/jobs/no-such-job").status_code == 404
+    job_id = submit(server.url, {"n": 1}).json()["id"]
+    wait_status(server.url, job_id, {"completed"})
+    refused = httpx.delete(f"{server.url}/jobs/{job_id}")
+    assert refused.status_code == 409
+    assert "completed" in refused.json()["error"]
+
+
+def test_cancel_a_queued_job_it_never_runs(served: Any) -> None:
+    server, root = served
+    blocker = submit(server.url, {"sleep": 0.6}).json()["id"]
+    queued = submit(server.url, {"n": 1}).json()["id"]
+    cancelled = httpx.delete(f"{server.url}/jobs/{queued}")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    wait_status(server.url, blocker, {"completed"})
+    follower = submit(server.url, {"n": 2}).json()["id"]
+    wait_status(server.url, follower, {"completed"})
+    assert httpx.get(f"{server.url}/jobs/{queued}").json()["status"] == "cancelled"
+    assert not [run for run in runs(root) if run[1] == queued]
+
+
+def test_cancel_a_running_async_job_cancels_the_handler(served: Any) -> None:
+    server, root = served
+    job_id = submit(server.url, {"sleep": 30}).json()["id"]
+    wait_status(server.url, job_id, {"in_progress"})
+    started = time.monotonic()
+    assert httpx.delete(f"{server.url}/jobs/{job_id}").json()["status"] == "cancelled"
+    deadline = time.monotonic() + 5
+    while ["cancelled"] != [run[2] for run in runs(root) if run[1] == job_id and run[2] == "cancelled"]:
+        assert time.monotonic() < deadline, runs(root)
+        time.sleep(0.01)
+    assert time.monotonic() - started < 1.0
+    # the slot is free again: the next job runs at once
+    wait_status(server.url, submit(server.url, {"n": 3}).json()["id"], {"completed"}, timeout=5)
+
+
+def test_cancel_a_running_sync_job_drops_its_result(served: Any) -> None:
+    server, _ = served
+    job_id = submit(server.url, {"sleep": 0.5}, api="sync").json()["id"]
+    wait_status(server.url, job_id, {"in_progress"}, api="sync")
+    assert httpx.delete(f"{server.url}/sync/{job_id}").json()["status"] == "cancelled"
+    # max_concurrency 1: the next job starts only once the interrupted call has returned
+    follower = submit(server.url, {"sleep": 0}, api="sync").json()["id"]
+    wait_status(server.url, follower, {"completed"}, api="sync")
+    final = httpx.get(f"{server.url}/sync/{job_id}").json()
+    assert final["status"] == "cancelled" and "result" not in final
+
+
+def test_a_full_queue_answers_503(served: Any) -> None:
+    server, _ = served
+    running = submit(server.url, {"sleep": 1}, api="narrow").json()["id"]
+    wait_status(server.url, running, {"in_progress"}, api="narrow")
+    queued = submit(server.url, {"n": 1}, api="narrow")
+    assert queued.status_code == 200
+    refused = submit(server.url, {"n": 2}, api="narrow")
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"]
+    assert "queue is full" in refused.json()["error"]
+    wait_status(server.url, queued.json()["id"], {"completed"}, api="narrow")
+
+
+def test_records_expire_after_result_ttl_without_being_read(served: Any) -> None:
+    server, _ = served
+    job_id = submit(server.url, {"n": 1}, api="short").json()["id"]
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server.url}/short/{job_id}").status_code == 200:
+        assert time.monotonic() < deadline, "the record was never removed"
+        time.sleep(0.2)
+    assert httpx.get(f"{server.url}/short/{job_id}").status_code == 404
+
+
+def test_describe_and_metrics(served: Any) -> None:
+    server, _ = served
+    described = httpx.get(f"{server.url}/jobs").json()
+    assert described["kind"] == "async"
+    assert described["handle_async"] == {"async": True, "takes": ["payload", "request_id"]}
+    assert described["config_keys"] == ["greeting"]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert re.search(r'modelserve_jobs_total\{api="jobs",status="completed"\} [1-9]', metrics)
+    assert 'modelserve_jobs_queue_depth{api="jobs"}' in metrics
+
+
+# ------------------------------------------------------------------------------------------------------
+# start-up and shutdown
+
+
+def test_memory_store_refuses_several_workers(tmp_path: Path, start_server: Any) -> None:
+    server = start_server(project(tmp_path), "--jobs-store", "memory", "--workers", "2")
+    assert server.wait_exit() == 2
+    assert "cannot be shared by --workers 2" in server.log
+
+
+def test_sqlite_store_that_cannot_be_opened_stops_start_up(tmp_path: Path, start_server: Any) -> None:
+    root = project(tmp_path)
+    (root / "blocked").write_text("a file where the store's folder should be")
+    config = "jobs: {path: blocked/jobs.db}\n" + CONFIG
+    (root / "modelserve.yaml").write_text(config)
+    server = start_server(root)
+    assert server.wait_exit() == 3
+    assert f"cannot open the sqlite store {root / 'blocked' / 'jobs.db'}" in server.log
+
+
+def test_unreachable_redis_stops_start_up(tmp_path: Path, start_server: Any) -> None:
+    server = start_server(project(tmp_path), "--jobs-store", f"redis://127.0.0.1:{free_port()}/0")
+    assert server.wait_exit() == 3
+    assert "cannot open the redis store" in server.log
+
+
+def test_memory_store_graceful_shutdown(tmp_path: Path, start_server: Any) -> None:
+    root = project(tmp_path)
+    server = start_server(root, "--jobs-store", "memory")
+    server.wait_ready()
+    running = submit(server.url, {"sleep": 0.8}).json()["id"]
+    wait_status(server.url, running, {"in_progress"})
+    submit(server.url, {"n": 1})
+    submit(server.url, {"n": 2})
+    assert server.stop() == 0
+    assert [run[2] for run in runs(root) if run[1] == running] == ["start", "end"]
+    assert "2 queued job(s) dropped" in server.log
+    assert "do not survive a restart" in server.log
+
+
+# ------------------------------------------------------------------------------------------------------
+# durable stores
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_queued_jobs_survive_a_restart(
+    store: str, tmp_path: Path, start_server: Any, request: pytest.FixtureRequest
+) -> None:
+    root = project(tmp_path)
+    args = ("--jobs-store", store_arg(store, request))
+    if store == "redis":
+        (root / "modelserve.yaml").write_text(f"jobs: {{prefix: {tmp_path.name}}}\n" + CONFIG)
+    first = start_server(root, *args)
+    first.wait_ready()
+    running = submit(first.url, {"sleep": 0.5}).json()["id"]
+    wait_status(first.url, running, {"in_progress"})
+    queued = [submit(first.url, {"n": n}).json()["id"] for n in range(3)]
+    assert first.stop() == 0  # the running job finishes within the grace period
+    assert "3 queued job(s) stay in the" in first.log
+    second = start_server(root, *args)
+    second.wait_ready()
+    for job_id in [running, *queued]:
+        wait_status(second.url, job_id, {"completed"})
+
+
+def test_sqlite_kill_9_loses_no_accepted_job(tmp_path: Path, start_server: Any) -> None:
+    root = project(tmp_path)
+    first = start_server(root)
+    first.wait_ready()
+    running = submit(first.url, {"sleep": 30}).json()["id"]
+    wait_status(first.url, running, {"in_progress"})
+    queued = [submit(first.url, {"n": n}).json()["id"] for n in range(5)]
+    first.stop(signal.SIGKILL)
+    second = start_server(root)
+    second.wait_ready()
+    for job_id in queued:
+        wait_status(second.url, job_id, {"completed"}, timeout=60)
+    # the interrupted job comes back once its lease expires, with the same id; it sleeps again, so cancel it
+    wait_started(root, running, times=2)
+    starts = [run for run in runs(root) if run[1] == running and run[2] == "start"]
+    assert starts[0][0] != starts[1][0]
+    httpx.delete(f"{second.url}/jobs/{running}")
+
+
+def test_sqlite_second_interruption_fails_the_job(tmp_path: Path, start_server: Any) -> None:
+    root = project(tmp_path)
+    job_id = None
+    for attempt in (1, 2):
+        server = start_server(root)
+        server.wait_ready()
+        if job_id is None:
+            job_id = submit(server.url, {"sleep": 60}).json()["id"]
+        wait_started(root, job_id, times=attempt)
+        server.stop(signal.SIGKILL)
+    server = start_server(root)
+    server.wait_ready()
+    failed = wait_status(server.url, job_id, {"failed"}, timeout=30)
+    assert "interrupted twice" in failed["error"]
+
+
+def test_sqlite_with_two_workers_runs_each_job_once(tmp_path: Path, start_server: Any) -> None:
+    root = project(tmp_path)
+    server = start_server(root, "--workers", "2")
+    server.wait_ready()
+    with httpx.Client(timeout=10) as client:
+        ids = []
+        for n in range(40):
+            client.headers["connection"] = "close"  # new connections spread over both processes
+            ids.append(client.post(f"{server.url}/jobs", json={"n": n}).json()["id"])
+    for job_id in ids:
+        wait_status(server.url, job_id, {"completed"})
+    started = [run for run in runs(root) if run[2] == "start"]
+    assert sorted(run[1] for run in started) == sorted(ids)
+    assert len({run[0] for run in started}) == 2, "both processes should have run jobs"
+
+
+def test_two_servers_share_one_redis(tmp_path: Path, start_server: Any, redis_url: str) -> None:
+    root = project(tmp_path)
+    (root / "modelserve.yaml").write_text(f"jobs: {{store: {redis_url}, prefix: {tmp_path.name}}}\n" + CONFIG)
+    first, second = start_server(root), start_server(root)
+    first.wait_ready()
+    second.wait_ready()
+    ids = [submit(server.url, {"n": n}).json()["id"] for n in range(10) for server in (first, second)]
+    for job_id in ids:
+        wait_status(first.url, job_id, {"completed"})
+        assert httpx.get(f"{second.url}/jobs/{job_id}").json()["status"] == "completed"
+    started = [run[1] for run in runs(root) if run[2] == "start"]
+    assert sorted(started) == sorted(ids)
+    # a job running in one server is cancelled from the other within a second
+    slow = submit(first.url, {"sleep": 30}).json()["id"]
+    wait_status(second.url, slow, {"in_progress"})
+    asked = time.monotonic()
+    assert httpx.delete(f"{second.url}/jobs/{slow}").json()["status"] == "cancelled"
+    while not [run for run in runs(root) if run[1] == slow and run[2] == "cancelled"]:
+        assert time.monotonic() - asked < 2, "the handler was not cancelled"
+        time.sleep(0.02)
+
+
+def test_redis_lease_expiry_after_kill_9(tmp_path: Path, start_server: Any, redis_url: str) -> None:
+    root = project(tmp_path)
+    (root / "modelserve.yaml").write_text(f"jobs: {{store: {redis_url}, prefix: {tmp_path.name}}}\n" + CONFIG)
+    doomed, survivor = start_server(root), start_server(root)
+    doomed.wait_ready()
+    survivor.wait_ready()
+    # occupy the survivor so that the doomed server claims the job
+    blocker = submit(survivor.url, {"sleep": 1.0}).json()["id"]
+    wait_status(survivor.url, blocker, {"in_progress"})
+    job_id = submit(doomed.url, {"sleep": 1.5}).json()["id"]
+    wait_status(doomed.url, job_id, {"in_progress"})
+    owner = next(run[0] for run in runs(root) if run[1] == job_id)
+    if owner != str(doomed.process.pid):
+        pytest.skip("the job was claimed by the other server")
+    doomed.stop(signal.SIGKILL)
+    done = wait_status(survivor.url, job_id, {"completed"}, timeout=30)
+    assert done["result"]["request_id"] == job_id
+    starts = [run[0] for run in runs(root) if run[1] == job_id and run[2] == "start"]
+    assert starts == [owner, str(survivor.process.pid)]
+
+
+def test_redis_keys_carry_the_prefix_and_expire(tmp_path: Path, start_server: Any, redis_url: str) -> None:
+    import redis
+
+    root = project(tmp_path)
+    prefix = f"p{tmp_path.name}"
+    (root / "modelserve.yaml").write_text(f"jobs: {{store: {redis_url}, prefix: {prefix}}}\n" + CONFIG)
+    server = start_server(root)
+    server.wait_ready()
+    job_id = submit(server.url, {"n": 1}, api="short").json()["id"]
+    wait_status(server.url, job_id, {"completed"}, api="short")
+    client = redis.Redis.from_url(redis_url)
+    key = f"{prefix}:short:job:{job_id}"
+    assert 0 < client.pttl(key) <= 1000
+    deadline = time.monotonic() + 5
+    while client.exists(key):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert httpx.get(f"{server.url}/short/{job_id}").status_code == 404
+    assert all(name.startswith(prefix.encode()) for name in client.keys(f"{prefix}*"))
+    client.close()
+
+
+def test_idle_pick_up_is_fast(tmp_path: Path, start_server: Any) -> None:
+    """A job submitted to an idle server (either of two processes) starts within 50 ms (median)."""
+    root = project(tmp_path)
+    server = start_server(root, "--workers", "2")
+    server.wait_ready()
+    delays = []
+    for n in range(15):
+        time.sleep(0.1)  # idle again
+        job_id = submit(server.url, {"n": n}, headers={"connection": "close"}).json()["id"]
+        answered = time.time()
+        wait_status(server.url, job_id, {"completed"})
+        started = next(float(run[3]) for run in runs(root) if run[1] == job_id and run[2] == "start")
+        delays.append(started - answered)
+    assert sorted(delays)[len(delays) // 2] < 0.05, delays
