@@ -534,3 +534,62 @@ def test_idle_pick_up_is_fast(tmp_path: Path, start_server: Any) -> None:
         started = next(float(run[3]) for run in runs(root) if run[1] == job_id and run[2] == "start")
         delays.append(started - answered)
     assert sorted(delays)[len(delays) // 2] < 0.05, delays
+
+
+# ------------------------------------------------------------------------------------------------------
+# other backends as async APIs, and handlers refused at load
+
+
+def test_onnx_model_as_an_async_api(tmp_path: Path, start_server: Any) -> None:
+    from tests.models import iris_expected, iris_onnx
+
+    root = write_project(
+        tmp_path,
+        {
+            "modelserve.yaml": """
+                apis:
+                  - name: iris
+                    kind: async
+                    model: {path: iris.onnx}
+            """
+        },
+    )
+    iris_onnx(root / "iris.onnx")
+    server = start_server(root, "--jobs-store", "memory")
+    server.wait_ready()
+    rows = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
+    job_id = submit(server.url, {"input": rows}, api="iris").json()["id"]
+    result = wait_status(server.url, job_id, {"completed"}, api="iris")["result"]
+    _, labels = iris_expected(rows)
+    assert result["label"] == labels.tolist()
+    bad = submit(server.url, {"input": [[1, 2]]}, api="iris").json()["id"]
+    failed = wait_status(server.url, bad, {"failed"}, api="iris")
+    assert "input" in failed["error"] and "4" in failed["error"]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("class Handler:\n    def predict(self, payload):\n        return 1\n", "needs a method handle_async"),
+        (
+            "class Handler:\n    def handle_async(self, payload, extra):\n        return 1\n",
+            "handle_async may take only payload and request_id",
+        ),
+        (
+            "class Handler:\n    def __init__(self, model_path):\n        pass\n"
+            "    def handle_async(self, payload):\n        return 1\n",
+            "requires ['model_path']",
+        ),
+        (
+            "class Handler:\n    def __init__(self):\n        raise RuntimeError('no weights')\n"
+            "    def handle_async(self, payload):\n        return 1\n",
+            "Handler() raised RuntimeError: no weights",
+        ),
+    ],
+)
+def test_invalid_handlers_stop_start_up(tmp_path: Path, start_server: Any, source: str, message: str) -> None:
+    root = write_project(tmp_path, {"handler.py": source, "modelserve.yaml": CONFIG.split("  - name: sync")[0]})
+    server = start_server(root, "--jobs-store", "memory")
+    assert server.wait_exit() == 3
+    assert message in server.log
+    assert "handler.py:Handler" in server.log
