@@ -7,6 +7,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -593,3 +594,17 @@ def test_invalid_handlers_stop_start_up(tmp_path: Path, start_server: Any, sourc
     assert server.wait_exit() == 3
     assert message in server.log
     assert "handler.py:Handler" in server.log
+
+
+def test_missing_redis_extra_names_the_pip_command(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    script = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import modelserve\n"
+        "try:\n"
+        f"    modelserve.create_app({str(root)!r}, jobs_store='redis://127.0.0.1:1/0')\n"
+        "except modelserve.LoadError as exc:\n"
+        "    print(exc)\n"
+    )
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert 'pip install "modelserve[redis]"' in output.stdout, output.stdout + output.stderr
