@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import anyio.to_thread
 from modelserve import runtimes
 from modelserve.backends import Backend
 from modelserve.backends._adaptive import Adaptive
+from modelserve.batching import TensorBatcher
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable
 from modelserve.pipeline import Pipeline, Stage
@@ -69,6 +71,8 @@ class ModelFileBackend(Backend):
     """Serves `api.model` (an ONNX file or a SavedModel) with the hooks of `api.handler`."""
 
     kind = "model_file"
+    #: With `batching` configured: concurrent requests' feeds share model calls.
+    batcher: TensorBatcher | None = None
 
     def __init__(
         self,
@@ -184,6 +188,7 @@ class ModelFileBackend(Backend):
         run = model.run
         as_response = model.as_response
         has_pre = "pre_inference" in self.hooks
+        batched = self._batched_run() if self.api.batching is not None else None
 
         async def call(value: Any, request: Any) -> Any:
             if isinstance(value, (bytes, bytearray)) and not has_pre:
@@ -192,10 +197,37 @@ class ModelFileBackend(Backend):
                     + converter.expected()
                 )
             feeds = converter(value)
-            prediction = await adaptive.call(run, feeds, size=_size(feeds))
+            if batched is not None:
+                prediction = await batched(feeds)
+            else:
+                prediction = await adaptive.call(run, feeds, size=_size(feeds))
             return prediction if with_post else as_response(prediction)
 
         return call
+
+    def _batched_run(self) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        """The model call behind a batcher: the feeds of concurrent requests are stacked into shared calls.
+
+        A batch's call is an `Adaptive` call too: inline while measured fast (its input size counted), else
+        in a worker thread. Requests that cannot be stacked run in calls of their own.
+        """
+        model, batching = self.model, self.api.batching
+        assert model is not None and batching is not None
+        adaptive, run = self.adaptive["run"], model.run
+
+        async def run_feeds(feeds: dict[str, Any]) -> Any:
+            return await adaptive.call(run, feeds, size=_size(feeds))
+
+        self.batcher = TensorBatcher(
+            run_feeds,
+            model.inputs,
+            model.outputs,
+            batching,
+            name=self.api.name,
+            max_concurrency=self.api.max_concurrency,
+            on_batch=self.api_metrics.batch,
+        )
+        return self.batcher.run
 
     def describe(self) -> dict[str, Any]:
         model: dict[str, Any] = {"path": self.config.path, "format": self.config.format}
@@ -214,6 +246,7 @@ class ModelFileBackend(Backend):
                     if name == "run" or name in self.hooks
                 },
             },
+            "batching": self.batcher.describe() if self.batcher is not None else None,
         }
 
     async def close(self) -> None:
