@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from modelserve.errors import LoadError
+from modelserve.errors import HTTPError, LoadError
 from modelserve.jobs.base import (
     CANCELLED,
     FAILED,
@@ -66,6 +66,8 @@ class SQLiteStore(JobStore):
         self.description = f"sqlite store {path}"
         self._db: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._flushing = False
 
     # ---------------------------------------------------------------------------------------------
     # connection
@@ -104,17 +106,57 @@ class SQLiteStore(JobStore):
         assert self._thread is not None, "the sqlite store is not open"
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Run `fn` in a write transaction, grouped with the other writes waiting at the same moment.
+
+        Group commit: while one transaction runs on the store's thread, new writes gather, and the next
+        transaction applies them all. Under load, many submits (and the worker's claims between them) share
+        one commit instead of queueing behind each other one transaction at a time.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append((fn, future))
+        if not self._flushing:
+            self._flushing = True
+            loop.create_task(self._flush())
+        return future
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    outcomes = await self._run(self._apply, [fn for fn, _ in batch])
+                except BaseException as exc:  # the store's thread is gone (shutdown)
+                    outcomes = [(False, exc)] * len(batch)
+                for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                    if future.done():
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        finally:
+            self._flushing = False
+
+    def _apply(self, fns: list[Callable[[sqlite3.Connection], Any]]) -> list[tuple[bool, Any]]:
+        """On the store's thread: one transaction for a group of writes; an HTTPError fails only its own."""
         db = self._db
         assert db is not None
-        db.execute("BEGIN IMMEDIATE")
+        outcomes: list[tuple[bool, Any]] = []
         try:
-            value = fn(db)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return value
+            db.execute("BEGIN IMMEDIATE")
+            for fn in fns:
+                try:
+                    outcomes.append((True, fn(db)))
+                except HTTPError as exc:  # refused before it wrote anything (duplicate id, full queue)
+                    outcomes.append((False, exc))
+            db.execute("COMMIT")
+        except Exception as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            return [(False, exc)] * len(fns)
+        return outcomes
 
     # ---------------------------------------------------------------------------------------------
     # the interface; each method is one transaction on the store's thread
@@ -134,7 +176,7 @@ class SQLiteStore(JobStore):
             except sqlite3.IntegrityError:
                 raise DuplicateJob(job.id) from None
 
-        await self._run(self._transaction, insert)
+        await self._write(insert)
 
     async def claim(self, api: str, owner: str) -> ClaimedJob | None:
         def take(db: sqlite3.Connection) -> ClaimedJob | None:
@@ -148,7 +190,7 @@ class SQLiteStore(JobStore):
                 return None
             return ClaimedJob(api, row[0], row[1], row[2], row[3])
 
-        return await self._run(self._transaction, take)
+        return await self._write(take)
 
     async def finish(
         self, api: str, job_id: str, owner: str, status: str, result: bytes | None, error: str | None, ttl: float
@@ -162,7 +204,7 @@ class SQLiteStore(JobStore):
             )
             return cursor.rowcount == 1
 
-        return await self._run(self._transaction, end)
+        return await self._write(end)
 
     async def release(self, api: str, job_id: str, owner: str) -> None:
         def requeue(db: sqlite3.Connection) -> None:
@@ -172,7 +214,7 @@ class SQLiteStore(JobStore):
                 (IN_QUEUE, api, job_id, IN_PROGRESS, owner),
             )
 
-        await self._run(self._transaction, requeue)
+        await self._write(requeue)
 
     async def get(self, api: str, job_id: str) -> JobView | None:
         def read() -> JobView | None:
@@ -199,7 +241,7 @@ class SQLiteStore(JobStore):
                 )
             return before
 
-        return await self._run(self._transaction, stop)
+        return await self._write(stop)
 
     async def heartbeat(self, api: str, owner: str, job_ids: list[str]) -> set[str]:
         def renew(db: sqlite3.Connection) -> set[str]:
@@ -215,7 +257,7 @@ class SQLiteStore(JobStore):
             }
             return {job_id for job_id in job_ids if job_id not in mine}
 
-        return await self._run(self._transaction, renew)
+        return await self._write(renew)
 
     async def recover(self, api: str, ttl: float) -> tuple[int, int]:
         def requeue_expired(db: sqlite3.Connection) -> tuple[int, int]:
@@ -240,13 +282,13 @@ class SQLiteStore(JobStore):
                     requeued += 1
             return requeued, failed
 
-        return await self._run(self._transaction, requeue_expired)
+        return await self._write(requeue_expired)
 
     async def sweep(self) -> int:
         def delete(db: sqlite3.Connection) -> int:
             return db.execute("DELETE FROM jobs WHERE expires_at <= ?", (now(),)).rowcount
 
-        return await self._run(self._transaction, delete)
+        return await self._write(delete)
 
     async def queued(self, api: str) -> int:
         def count() -> int:
