@@ -63,19 +63,22 @@ class JobsEndpoint:
         except ClientGone:
             return
 
-    def _store(self) -> JobStore:
+    def _store(self, submitting: bool = False) -> JobStore:
+        """The store, once this API has loaded and its worker runs (else a 503)."""
+        if self.jobs.closed:
+            raise ServiceUnavailable("the server is shutting down; retry later")
         if not self.api.ready or self.worker is None:
             if self.api.state == "failed":
                 raise ServiceUnavailable(f"api '{self.name}' failed to load; see the server log", retry_after=30)
             raise ServiceUnavailable(f"api '{self.name}' is loading; retry later")
-        if not self.jobs.accepting:
+        if submitting and not self.jobs.accepting:
             raise ServiceUnavailable("the server is shutting down; retry later")
         return self.jobs.store
 
     async def submit(
         self, receive: Receive, send: Send, job_id: str, content_type: str | None, content_length: str | None
     ) -> None:
-        store = self._store()
+        store = self._store(submitting=True)
         body = await read_body(receive, self.api.config.max_body_size, content_length)
         kind, payload = stored_payload(content_type, body)
         try:
@@ -90,13 +93,13 @@ class JobsEndpoint:
         await send_body(send, 200, b'{"id":"' + job_id.encode() + b'"}', JSON_TYPE, job_id)
 
     async def show(self, send: Send, job_id: str, request_id: str) -> None:
-        view = await self.jobs.store.get(self.name, job_id)
+        view = await self._store().get(self.name, job_id)
         if view is None:
             raise NotFound(f"no job {job_id!r} in api '{self.name}' (unknown, or removed after its result_ttl)")
         await send_body(send, 200, view.to_json(), JSON_TYPE, request_id)
 
     async def cancel(self, send: Send, job_id: str, request_id: str) -> None:
-        store = self.jobs.store
+        store = self._store()
         before = await store.cancel(self.name, job_id, self.api.config.result_ttl)
         if before is None:
             raise NotFound(f"no job {job_id!r} in api '{self.name}' (unknown, or removed after its result_ttl)")
@@ -132,6 +135,7 @@ class Jobs:
         self.store.check()
         self.endpoints = [JobsEndpoint(api, self) for api in apis]
         self.accepting = False
+        self.closed = False
 
     def routes(self) -> list[BaseRoute]:
         routes: list[BaseRoute] = []
@@ -177,4 +181,5 @@ class Jobs:
                     endpoint.name,
                     queued,
                 )
+        self.closed = True
         await self.store.close()
