@@ -1,0 +1,277 @@
+"""Overhead of modelserve against a bare Starlette route doing the same work, under the same load.
+
+Four servers, each its own uvicorn process with the same settings (httptools, uvloop when installed, access
+log off, one worker) on a free loopback port:
+
+* ``ms-async``: an echo Model whose ``predict`` is ``async``, served by ``python -m modelserve``;
+* ``bare-async``: a Starlette route that reads the body, parses it with orjson and answers it with orjson;
+* ``ms-sync``: the same echo Model with a sync ``predict`` (modelserve runs it in the thread pool);
+* ``bare-sync``: the same route calling the echo through ``run_in_threadpool``.
+
+wrk posts a small JSON body (a lua script) at each concurrency, a few seconds per run, the servers taking
+turns; every cell is the median over the repeats. The ratio is modelserve's requests/s over the bare route's.
+
+    python benchmarks/overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin]
+
+``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1, so
+that the load generator does not steal the server's core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
+
+MS_ASYNC = """
+class Model:
+    async def predict(self, inputs):
+        return inputs
+"""
+
+MS_SYNC = """
+class Model:
+    def predict(self, inputs):
+        return inputs
+"""
+
+# max_concurrency above the highest load tested: the comparison is about per-request overhead, not about
+# modelserve's backpressure (the thread pool, 40 threads, limits both sync servers alike).
+MS_YAML = """
+apis:
+  - name: echo
+    handler: {path: model.py}
+    max_concurrency: 128
+    max_queue_length: 1000
+"""
+
+BARE = """
+import orjson
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+
+def echo(inputs):
+    return inputs
+
+
+async def echo_async(request: Request) -> Response:
+    inputs = orjson.loads(await request.body())
+    return Response(orjson.dumps(inputs), media_type="application/json")
+
+
+async def echo_sync(request: Request) -> Response:
+    inputs = orjson.loads(await request.body())
+    result = await run_in_threadpool(echo, inputs)
+    return Response(orjson.dumps(result), media_type="application/json")
+
+
+async_app = Starlette(routes=[Route("/echo", echo_async, methods=["POST"])])
+sync_app = Starlette(routes=[Route("/echo", echo_sync, methods=["POST"])])
+"""
+
+LUA = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+@dataclass
+class Run:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def uvicorn_settings() -> list[str]:
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    return ["--http", "httptools", "--loop", loop, "--no-access-log", "--log-level", "warning"]
+
+
+class ServerProcess:
+    def __init__(self, name: str, command: list[str], cwd: Path, pin: str | None) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        prefix = ["taskset", "-c", pin] if pin else []
+        # The repository first on the path, so that a checkout runs without being installed.
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen(
+            [*prefix, *command, "--port", str(self.port)],
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": path},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{stderr}")
+            try:
+                answer = httpx.post(self.url + "/echo", content=BODY, headers={"content-type": "application/json"})
+                if answer.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not answer within 60 s")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def write_servers(root: Path) -> None:
+    for name, model in (("ms_async", MS_ASYNC), ("ms_sync", MS_SYNC)):
+        project = root / name
+        project.mkdir()
+        (project / "model.py").write_text(textwrap.dedent(model).lstrip())
+        (project / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
+    (root / "bare.py").write_text(textwrap.dedent(BARE).lstrip())
+    (root / "post.lua").write_text(LUA % BODY)
+
+
+def commands(root: Path) -> dict[str, list[str]]:
+    settings = uvicorn_settings()
+    modelserve = [sys.executable, "-m", "modelserve"]
+    # modelserve's CLI runs uvicorn with its defaults (httptools and uvloop when installed, one worker).
+    ms = ["--no-access-log", "--log-level", "warning"]
+    bare = [sys.executable, "-m", "uvicorn", "--app-dir", str(root), *settings]
+    return {
+        "ms-async": [*modelserve, str(root / "ms_async"), *ms],
+        "bare-async": [*bare, "bare:async_app"],
+        "ms-sync": [*modelserve, str(root / "ms_sync"), *ms],
+        "bare-sync": [*bare, "bare:sync_app"],
+    }
+
+
+_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
+
+
+def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
+    prefix = ["taskset", "-c", pin] if pin else []
+    command = [
+        *prefix,
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        url + "/echo",
+    ]
+    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    match = _RESULT.search(output)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{output}")
+    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
+    if bad_status or socket_errors:
+        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
+    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+
+
+def median_run(runs: list[Run]) -> Run:
+    return Run(
+        rps=statistics.median(r.rps for r in runs),
+        p50_ms=statistics.median(r.p50_ms for r in runs),
+        p99_ms=statistics.median(r.p99_ms for r in runs),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is shown (default 3)")
+    parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install wrk)")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    pin = args.pin if args.pin is not None else (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+    server_cpu, wrk_cpu = ("0", "1") if pin else (None, None)
+
+    results: dict[tuple[str, int], list[Run]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_servers(root)
+        script = root / "post.lua"
+        servers = [ServerProcess(name, command, root, server_cpu) for name, command in commands(root).items()]
+        try:
+            for server in servers:
+                server.wait_ready()
+                wrk(server.url, script, 16, 1.0, wrk_cpu)  # warm up
+            for _ in range(args.repeats):
+                for connections in levels:
+                    for server in servers:  # the servers take turns, so drift hits them alike
+                        run = wrk(server.url, script, connections, args.duration, wrk_cpu)
+                        results.setdefault((server.name, connections), []).append(run)
+        finally:
+            for server in servers:
+                server.stop()
+
+    print(
+        f"modelserve overhead: echo over HTTP, wrk {args.duration:g} s x {args.repeats} (median), "
+        f"cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}"
+    )
+    header = f"{'pair':<7}{'conc':>5}  {'server':<11}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+    print(header)
+    print("-" * len(header))
+    for pair in ("async", "sync"):
+        for connections in levels:
+            ms = median_run(results[(f"ms-{pair}", connections)])
+            bare = median_run(results[(f"bare-{pair}", connections)])
+            ratio = ms.rps / bare.rps
+            print(
+                f"{pair:<7}{connections:>5}  {'modelserve':<11}{ms.rps:>9.0f}{ms.p50_ms:>9.2f}{ms.p99_ms:>9.2f}{ratio:>7.2f}x"
+            )
+            print(f"{'':<7}{'':>5}  {'bare':<11}{bare.rps:>9.0f}{bare.p50_ms:>9.2f}{bare.p99_ms:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
