@@ -223,6 +223,10 @@ def median_run(runs: list[Run]) -> Run:
     )
 
 
+def row(run: Run) -> str:
+    return f"{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run (default 3)")
@@ -267,10 +271,8 @@ def main() -> None:
             ms = median_run(results[(f"ms-{pair}", connections)])
             bare = median_run(results[(f"bare-{pair}", connections)])
             ratio = ms.rps / bare.rps
-            print(
-                f"{pair:<7}{connections:>5}  {'modelserve':<11}{ms.rps:>9.0f}{ms.p50_ms:>9.2f}{ms.p99_ms:>9.2f}{ratio:>7.2f}x"
-            )
-            print(f"{'':<7}{'':>5}  {'bare':<11}{bare.rps:>9.0f}{bare.p50_ms:>9.2f}{bare.p99_ms:>9.2f}")
+            print(f"{pair:<7}{connections:>5}  {'modelserve':<11}{row(ms)}{ratio:>7.2f}x")
+            print(f"{'':<7}{'':>5}  {'bare':<11}{row(bare)}")
 
 
 if __name__ == "__main__":
