@@ -1,0 +1,228 @@
+"""Dynamic batching of ONNX and TensorFlow model APIs, through HTTP against a real server (issue 9)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.batch_models import TABLE, doubler_onnx, lookup_onnx
+from tests.conftest import write_project
+from tests.models import fixed_shape_onnx, iris_expected, iris_saved_model, two_inputs_onnx
+
+HOOKS = """
+def pre_inference(sample, signature, metadata):
+    return {signature[0].name: sample["rows"]}
+
+
+def post_inference(prediction, signature, metadata):
+    return {"rows": prediction[0].tolist(), "count": len(prediction[0])}
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("batching_models")
+    doubler_onnx(root / "doubler.onnx", seconds=0.04)
+    lookup_onnx(root / "lookup.onnx", seconds=0.04)
+    fixed_shape_onnx(root / "fixed.onnx")
+    two_inputs_onnx(root / "two.onnx")
+    return write_project(
+        root,
+        {
+            "hooks.py": HOOKS,
+            "modelserve.yaml": """
+                apis:
+                  - name: doubler
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    max_queue_length: 200
+                    batching: {max_batch_size: 8}
+                  - name: hooked
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    handler: {path: hooks.py}
+                    batching: {max_batch_size: 8}
+                  - name: lookup
+                    model: {path: lookup.onnx, intra_op_threads: 1}
+                    batching: {max_batch_size: 16}
+                  - name: waiting
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    batching: {max_batch_size: 4, max_wait_ms: 300}
+                  - name: hurried
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    timeout: 0.1
+                    batching: {max_batch_size: 4, max_wait_ms: 300}
+                  - name: fixed
+                    model: {path: fixed.onnx}
+                    batching: {max_batch_size: 8}
+                  - name: scalars
+                    model: {path: two.onnx}
+                    batching: {max_batch_size: 8}
+            """,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def server(project: Path, start_server_module):
+    server = start_server_module(project)
+    server.wait_ready()
+    return server
+
+
+async def post_many(url: str, bodies: list[Any]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await asyncio.gather(*(client.post(url, json=body) for body in bodies))
+
+
+def batching_of(server, api: str) -> dict[str, Any]:
+    info = httpx.get(f"{server.url}/{api}").json()["batching"]
+    assert info is not None
+    return info
+
+
+def metric(server, name: str, api: str, le: str | None = None) -> float:
+    labels = f'api="{api}"' + (f',le="{le}"' if le is not None else "")
+    match = re.search(rf"^{name}{{{labels}}} (\S+)$", httpx.get(server.url + "/metrics").text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_concurrent_requests_share_calls_and_get_their_own_rows(server) -> None:
+    before = batching_of(server, "doubler")
+    batches_before = metric(server, "modelserve_batch_size_count", "doubler")
+    rows = [[[i, i + 0.5]] for i in range(24)]
+    answers = asyncio.run(post_many(server.url + "/doubler", rows))
+    assert [a.status_code for a in answers] == [200] * 24
+    assert [a.json()["y"] for a in answers] == [[[2 * i, 2 * i + 1]] for i in range(24)]
+    after = batching_of(server, "doubler")
+    assert after["requests"] - before["requests"] == 24
+    calls = after["model_calls"] - before["model_calls"]
+    assert calls < 12, after  # each call takes 40 ms: requests pile up while one runs
+    assert after["stacked_calls"] > before["stacked_calls"]
+    batches = metric(server, "modelserve_batch_size_count", "doubler") - batches_before
+    assert 3 <= batches <= calls  # at most 8 per batch, and a batch is one call here
+    assert metric(server, "modelserve_batch_size_sum", "doubler") >= 24
+
+
+def test_hooks_run_per_request_around_a_shared_call(server) -> None:
+    bodies = [{"rows": [[i, j] for j in range(i % 3 + 1)]} for i in range(12)]
+    answers = asyncio.run(post_many(server.url + "/hooked", bodies))
+    for body, answer in zip(bodies, answers, strict=True):
+        assert answer.json() == {"rows": [[2 * a, 2 * b] for a, b in body["rows"]], "count": len(body["rows"])}
+    info = batching_of(server, "hooked")
+    assert info["model_calls"] < info["requests"]
+
+
+def test_mixed_shapes_are_served_each_with_its_own_rows(server) -> None:
+    bodies = [np.full((i % 3 + 1, 2 + i % 2), i, dtype=float).tolist() for i in range(16)]
+    bodies.append(7.0)  # a scalar: refused by the converter (rank), not by batching
+    before = batching_of(server, "doubler")
+    answers = asyncio.run(post_many(server.url + "/doubler", bodies))
+    for body, answer in zip(bodies[:-1], answers[:-1], strict=True):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["y"] == (2 * np.asarray(body)).tolist()
+    assert answers[-1].status_code == 400
+    after = batching_of(server, "doubler")
+    assert after["stacked_calls"] > before["stacked_calls"]  # rows of equal width still shared calls
+    assert after["model_calls"] - before["model_calls"] < 16
+
+
+def test_a_failing_request_fails_alone(server) -> None:
+    bodies = [[i % 10] for i in range(11)] + [[1, 42]]  # index 42 is out of the table: the call raises
+    answers = asyncio.run(post_many(server.url + "/lookup", bodies))
+    assert [a.status_code for a in answers] == [200] * 11 + [500]
+    assert [a.json()["value"] for a in answers[:11]] == [[float(TABLE[i % 10])] for i in range(11)]
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "expected"),
+    [
+        ("fixed", {"x": [[1, 2, 3], [4, 5, 6]]}, {"y": [[2, 4, 6], [8, 10, 12]]}),
+        ("scalars", {"a": [[1, 2]], "b": [[3, 4]], "flag": True}, {"sum": [[4, 6]], "flag_out": True}),
+    ],
+)
+def test_models_without_a_batch_dimension_are_served_alone(server, api: str, body: Any, expected: Any) -> None:
+    answers = asyncio.run(post_many(f"{server.url}/{api}", [body] * 6))
+    assert [a.json() for a in answers] == [expected] * 6
+    info = batching_of(server, api)
+    assert info["stackable"] is False
+    assert info["stacked_calls"] == 0
+
+
+def test_a_lone_request_is_not_delayed(server) -> None:
+    count = metric(server, "modelserve_batch_wait_seconds_count", "doubler")
+    quick = metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.001")
+    assert httpx.post(server.url + "/doubler", json=[[1, 2]]).json() == {"y": [[2, 4]]}
+    assert metric(server, "modelserve_batch_wait_seconds_count", "doubler") == count + 1
+    assert metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.001") == quick + 1
+
+
+def test_max_wait_ms_lets_a_partial_batch_wait(server) -> None:
+    started = time.monotonic()
+    assert httpx.post(server.url + "/waiting", json=[[1, 2]]).json() == {"y": [[2, 4]]}
+    assert time.monotonic() - started >= 0.3
+
+
+def wait_for(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_request_cancelled_while_waiting_leaves_its_batch(server) -> None:
+    before = batching_of(server, "waiting")
+    body = b"[[5, 6]]"
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /waiting HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    wait_for(lambda: batching_of(server, "waiting")["waiting"] == 1)
+    sock.close()
+    wait_for(lambda: batching_of(server, "waiting")["waiting"] == 0)
+    assert httpx.post(server.url + "/waiting", json=[[1, 2]]).json() == {"y": [[2, 4]]}
+    after = batching_of(server, "waiting")
+    assert after["requests"] - before["requests"] == 1  # only the second request ever ran
+    assert after["model_calls"] - before["model_calls"] == 1
+
+
+def test_a_request_that_times_out_while_waiting_leaves_its_batch(server) -> None:
+    before = batching_of(server, "hurried")
+    answer = httpx.post(server.url + "/hurried", json=[[1, 2]])
+    assert answer.status_code == 504
+    after = batching_of(server, "hurried")
+    assert after["waiting"] == 0
+    assert after["requests"] == before["requests"]
+
+
+def test_tensorflow_requests_are_batched(tmp_path: Path, start_server) -> None:
+    iris_saved_model(tmp_path / "iris")
+    project = write_project(
+        tmp_path,
+        {
+            "modelserve.yaml": """
+                apis:
+                  - name: iris
+                    model: {path: iris, format: tensorflow}
+                    batching: {max_batch_size: 8}
+            """,
+        },
+    )
+    server = start_server(project)
+    server.wait_ready(timeout=120)
+    rows = [[[i / 4, 1.0, 2 - i / 8, 0.5]] for i in range(20)]
+    answers = asyncio.run(post_many(server.url + "/iris", rows))
+    for row, answer in zip(rows, answers, strict=True):
+        probabilities, label = iris_expected(row)
+        assert answer.json()["label"] == label.tolist()
+        assert np.allclose(answer.json()["probabilities"], probabilities, atol=1e-5)
+    info = batching_of(server, "iris")
+    assert info["stackable"] is True
+    assert info["requests"] == 20
