@@ -26,6 +26,30 @@ def post_inference(prediction, signature, metadata):
     return {"rows": prediction[0].tolist(), "count": len(prediction[0])}
 """
 
+# Slow enough (10 ms) to run in worker threads: counts how many calls overlap.
+SLOW_HOOKS = """
+import threading, time
+
+lock = threading.Lock()
+active = 0
+most = 0
+
+
+def pre_inference(sample, signature, metadata):
+    global active, most
+    with lock:
+        active += 1
+        most = max(most, active)
+    time.sleep(0.01)
+    with lock:
+        active -= 1
+    return sample
+
+
+def post_inference(prediction, signature, metadata):
+    return {"most_at_once": most}
+"""
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -38,6 +62,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root,
         {
             "hooks.py": HOOKS,
+            "slow_hooks.py": SLOW_HOOKS,
             "modelserve.yaml": """
                 apis:
                   - name: doubler
@@ -47,6 +72,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   - name: hooked
                     model: {path: doubler.onnx, intra_op_threads: 1}
                     handler: {path: hooks.py}
+                    batching: {max_batch_size: 8}
+                  - name: serial
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    handler: {path: slow_hooks.py}
                     batching: {max_batch_size: 8}
                   - name: lookup
                     model: {path: lookup.onnx, intra_op_threads: 1}
@@ -117,6 +146,11 @@ def test_hooks_run_per_request_around_a_shared_call(server) -> None:
         assert answer.json() == {"rows": [[2 * a, 2 * b] for a, b in body["rows"]], "count": len(body["rows"])}
     info = batching_of(server, "hooked")
     assert info["model_calls"] < info["requests"]
+
+
+def test_hooks_are_never_called_concurrently_with_max_concurrency_1(server) -> None:
+    answers = asyncio.run(post_many(server.url + "/serial", [[[i, 1]] for i in range(8)]))
+    assert [a.json() for a in answers] == [{"most_at_once": 1}] * 8
 
 
 def test_mixed_shapes_are_served_each_with_its_own_rows(server) -> None:

@@ -14,6 +14,7 @@ of one API are never called concurrently (module-level variables in the hook fil
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -173,13 +174,26 @@ class ModelFileBackend(Backend):
             async def call_async(value: Any, request: Any) -> Any:
                 return await hook(value, signature, metadata)
 
-            return call_async
+            return self._hooks_limited(call_async)
         adaptive = self.adaptive[name]
 
         async def call(value: Any, request: Any) -> Any:
             return await adaptive.call(hook, value, signature, metadata)
 
-        return call
+        return self._hooks_limited(call)
+
+    def _hooks_limited(self, call: Any) -> Any:
+        """With batching, up to max_batch_size requests per running batch are admitted: their hooks still run at
+        most `max_concurrency` at a time, so that with 1 the hooks are never called concurrently."""
+        if self.api.batching is None:
+            return call
+        slots = asyncio.Semaphore(self.api.max_concurrency)
+
+        async def limited(value: Any, request: Any) -> Any:
+            async with slots:
+                return await call(value, request)
+
+        return limited
 
     def _run_stage(self, with_post: bool) -> Any:
         model, converter = self.model, self.converter
