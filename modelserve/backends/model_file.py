@@ -133,10 +133,12 @@ class ModelFileBackend(Backend):
         return model
 
     def _warm_up(self, model: LoadedModel) -> None:
-        """One call with zeros: the first call of a model is slow (allocations), and it seeds the estimate."""
+        """Two calls with zeros: the first call of a model is slow (allocations, TensorFlow's tracing), so the
+        second one seeds the estimate."""
         feeds = {spec.name: spec.example() for spec in model.inputs}
-        started = time.perf_counter()
         try:
+            model.run(feeds)
+            started = time.perf_counter()
             model.run(feeds)
         except Exception as exc:  # a model may refuse zeros; then the first request is measured instead
             logger.debug("%s: warm-up call failed (%s); skipped", self.label, exc)
