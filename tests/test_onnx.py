@@ -358,7 +358,7 @@ import time
 
 def pre_inference(sample, signature, metadata):
     time.sleep(0.2)
-    return [[0.0] * 128]
+    return [[0.0] * 4]
 """
 
 COUNTING_HOOKS = """
@@ -393,9 +393,8 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
                 apis:
                   - name: slow-model
                     model: {path: slow.onnx, intra_op_threads: 1}
-                    max_concurrency: 2
                   - name: slow-hook
-                    model: {path: slow.onnx, intra_op_threads: 1}
+                    model: {path: iris.onnx}
                     handler: {path: sleepy.py}
                   - name: counting
                     model: {path: iris.onnx}
@@ -409,8 +408,8 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
     async def scenario() -> tuple[list[float], list[float], list[Any]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             await http.get("/healthz")  # the connection is open before the timing starts
-            busy = [http.post("/slow-model", json=[[0.0] * 128]) for _ in range(4)]
-            busy += [http.post("/slow-hook", json={}) for _ in range(2)]
+            busy = [http.post("/slow-model", json=[[0.0] * 128]) for _ in range(3)]
+            busy += [http.post("/slow-hook", json={}) for _ in range(3)]
             busy += [http.post("/counting", json={}) for _ in range(8)]
             tasks = [asyncio.ensure_future(request) for request in busy]
             latencies: list[float] = []
@@ -427,5 +426,7 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
     assert all(answer.status_code == 200 for answer in answers), [a.text for a in answers]
     assert min(slow_times) >= 0.15  # the slow calls really were slow ...
     assert len(latencies) >= 10
-    assert max(latencies) < 0.05, latencies  # ... and /healthz stayed quick meanwhile
+    # ... and /healthz stayed quick meanwhile (a call on the event loop would hold it for 200 ms; the margin is
+    # for a busy 2-core machine, where the model's thread competes with the loop for a core)
+    assert max(latencies) < 0.08 and sorted(latencies)[len(latencies) // 2] < 0.02, latencies
     assert [answer.json() for answer in answers[6:]] == [{"most": 1}] * 8
