@@ -10,6 +10,7 @@ log off, one worker) on a free loopback port:
 
 wrk posts a small JSON body (a lua script) at each concurrency, a few seconds per run, the servers taking
 turns; every cell is the median over the repeats. The ratio is modelserve's requests/s over the bare route's.
+The server's CPU time per request is measured too: on a shared machine it is steadier than requests/s.
 
     python benchmarks/overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin]
 
@@ -106,6 +107,9 @@ class Run:
     rps: float
     p50_ms: float
     p99_ms: float
+    #: CPU time the server process spent per request (user + system); steadier than req/s on a busy machine.
+    cpu_us: float = 0.0
+    requests: int = 0
 
 
 def free_port() -> int:
@@ -154,6 +158,14 @@ class ServerProcess:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} did not answer within 60 s")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (Linux /proc; 0 elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -212,7 +224,14 @@ def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | Non
     requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
     if bad_status or socket_errors:
         raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000, requests=requests)
+
+
+def measure(server: ServerProcess, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
+    cpu_before = server.cpu_seconds()
+    run = wrk(server.url, script, connections, seconds, pin)
+    run.cpu_us = (server.cpu_seconds() - cpu_before) / run.requests * 1e6
+    return run
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -220,11 +239,12 @@ def median_run(runs: list[Run]) -> Run:
         rps=statistics.median(r.rps for r in runs),
         p50_ms=statistics.median(r.p50_ms for r in runs),
         p99_ms=statistics.median(r.p99_ms for r in runs),
+        cpu_us=statistics.median(r.cpu_us for r in runs),
     )
 
 
 def row(run: Run) -> str:
-    return f"{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
+    return f"{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}{run.cpu_us:>11.0f}"
 
 
 def main() -> None:
@@ -253,7 +273,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 for connections in levels:
                     for server in servers:  # the servers take turns, so drift hits them alike
-                        run = wrk(server.url, script, connections, args.duration, wrk_cpu)
+                        run = measure(server, script, connections, args.duration, wrk_cpu)
                         results.setdefault((server.name, connections), []).append(run)
         finally:
             for server in servers:
@@ -263,7 +283,8 @@ def main() -> None:
         f"modelserve overhead: echo over HTTP, wrk {args.duration:g} s x {args.repeats} (median), "
         f"cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}"
     )
-    header = f"{'pair':<7}{'conc':>5}  {'server':<11}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+    columns = f"{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/req':>11}{'ratio':>8}"
+    header = f"{'pair':<7}{'conc':>5}  {'server':<11}{columns}"
     print(header)
     print("-" * len(header))
     for pair in ("async", "sync"):
