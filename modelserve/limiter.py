@@ -53,7 +53,10 @@ class Limiter:
             if future.done() and not future.cancelled():
                 self.release()  # the slot was handed to us just as we were cancelled: pass it on
             else:
-                self._waiters.remove(future)
+                try:
+                    self._waiters.remove(future)
+                except ValueError:
+                    pass  # release() already dropped it: it skips cancelled waiters
             raise
 
     def release(self) -> None:

@@ -260,3 +260,26 @@ def test_tensorflow_requests_are_batched(tmp_path: Path, start_server) -> None:
     info = batching_of(server, "iris")
     assert info["stackable"] is True
     assert info["requests"] == 20
+
+
+def test_a_waiter_cancelled_just_before_a_release_does_not_break_the_limiter() -> None:
+    # A burst of disconnects (wrk stopping 64 connections) cancels waiters that release() then skips.
+    from modelserve.limiter import Limiter
+
+    async def scenario() -> None:
+        limiter = Limiter(1, 10)
+        await limiter.acquire()
+        waiters = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiters[0].cancel()  # its future is cancelled now, its handler runs only later
+        limiter.release()  # skips the cancelled future, hands the slot to the second waiter
+        with pytest.raises(asyncio.CancelledError):
+            await waiters[0]
+        await waiters[1]
+        assert limiter.running == 1 and limiter.waiting == 1
+        limiter.release()
+        await waiters[2]
+        limiter.release()
+        assert limiter.running == 0 and limiter.waiting == 0
+
+    asyncio.run(scenario())
