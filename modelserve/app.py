@@ -73,6 +73,7 @@ class ModelServer:
         """Start loading every API, once, on the running loop."""
         if self._loading is None:
             self._loading = asyncio.get_running_loop().create_task(self._load_all())
+            self.metrics.start()
 
     async def _load_all(self) -> None:
         for api in self.apis.values():
@@ -105,6 +106,7 @@ class ModelServer:
             self._loading.cancel()
         for api in self.apis.values():
             await api.backend.close()
+        await self.metrics.stop()
 
     # ---------------------------------------------------------------------------------------------
     # routes of the server itself

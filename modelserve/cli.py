@@ -7,9 +7,11 @@ a handler fails to load. Only this module turns errors into exit codes.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -63,30 +65,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging(level: str, fmt: str) -> dict[str, Any]:
-    """The logging setup of the server (ours, the user's and uvicorn's loggers), as a dictConfig."""
-    formatter = {"()": "modelserve.logs.JSONFormatter"} if fmt == "json" else {"()": "modelserve.logs.TextFormatter"}
-    access = {"()": "modelserve.logs.JSONAccessFormatter"} if fmt == "json" else {"()": "modelserve.logs.TextFormatter"}
+def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str, Any]:
+    """The logging setup of the server (ours, the user's and uvicorn's loggers), as a dictConfig.
+
+    ``text`` (the default) is for a person at a terminal; ``json`` makes every log line one JSON object
+    (see `modelserve.logs`). Errors and warnings go to stderr, access lines to stdout. In JSON mode
+    modelserve writes the access line of each API request itself (with its duration and request id) and
+    uvicorn's access logger keeps only the other requests; in text mode uvicorn writes them all. Loggers of
+    user libraries reach the root logger, shown from WARNING up.
+    """
+    level = level.upper()
+    json_mode = fmt == "json"
+    formatter = "modelserve.logs.JSONFormatter" if json_mode else "modelserve.logs.TextFormatter"
+    access_formatter = "modelserve.logs.JSONAccessFormatter" if json_mode else "modelserve.logs.TextFormatter"
     handler = {
         "class": "logging.StreamHandler",
         "formatter": "default",
         "filters": ["request"],
         "stream": "ext://sys.stderr",
     }
+    own_access = json_mode and access_log
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request": {"()": "modelserve.logs.RequestContextFilter"}},
-        "formatters": {"default": formatter, "access": access},
+        "filters": {
+            "request": {"()": "modelserve.logs.RequestContextFilter"},
+            "outside_request": {"()": "modelserve.logs.OutsideRequestFilter"},
+        },
+        "formatters": {"default": {"()": formatter}, "access": {"()": access_formatter}},
         "handlers": {
             "default": handler,
             "access": {**handler, "formatter": "access", "stream": "ext://sys.stdout"},
         },
         "loggers": {
-            "modelserve": {"handlers": ["default"], "level": level.upper(), "propagate": False},
-            "uvicorn": {"handlers": ["default"], "level": level.upper(), "propagate": False},
-            "uvicorn.error": {"level": level.upper()},
-            "uvicorn.access": {"handlers": ["access"], "level": level.upper(), "propagate": False},
+            "modelserve": {"handlers": ["default"], "level": level, "propagate": False},
+            "modelserve.access": {
+                "handlers": ["access"],
+                # Enabled for INFO only when modelserve writes the access lines (see modelserve.logs.access_writer).
+                "level": level if own_access else "WARNING",
+                "propagate": False,
+            },
+            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {
+                "handlers": ["access"],
+                "level": level,
+                "propagate": False,
+                "filters": ["outside_request"] if own_access else [],
+            },
         },
         "root": {"handlers": ["default"], "level": "WARNING"},
     }
@@ -151,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import logging.config
 
-    log_config = configure_logging(args.log_level, args.log_format)
+    log_config = configure_logging(args.log_level, args.log_format, args.access_log)
     logging.config.dictConfig(log_config)
 
     from modelserve.errors import ConfigError, LoadError
@@ -164,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every worker writes its metrics to files here, so that /metrics adds them all up.
         metrics_dir = tempfile.mkdtemp(prefix="modelserve-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        atexit.register(shutil.rmtree, metrics_dir, True)  # after the workers are gone, whatever the exit
 
     # Validate the project in this process first (config, imports, signatures), so that the common
     # mistakes give a clear message and an exit code before any worker starts.

@@ -24,6 +24,7 @@ from modelserve.codecs import EncodeError, decode_payload, encode_result
 from modelserve.context import RequestContext, current
 from modelserve.errors import GatewayTimeout, HTTPError, ServiceUnavailable, UserCodeError
 from modelserve.limiter import QueueFull
+from modelserve.logs import access_writer
 from modelserve.pipeline import RequestCancelled, StageFailed
 from modelserve.watch import Watch, Watchdog
 
@@ -40,6 +41,7 @@ class RealtimeEndpoint:
         self.api = api
         self.name = api.name
         self.watchdog = Watchdog()
+        self.access_log = access_writer()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -48,7 +50,10 @@ class RealtimeEndpoint:
             await send_json(send, 200, self.api.describe(), request_id)
             return
         status = await self._serve(scope, receive, send, request_id, content_type, content_length, accept)
-        self.api.metrics.answered(status, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.api.metrics.answered(status, seconds)
+        if self.access_log is not None:
+            self.access_log(scope, status, seconds, request_id, self.name)
 
     async def _serve(
         self,

@@ -1,17 +1,75 @@
-"""Logging: the user's logger, request context on every record, and the text and JSON formats.
+"""Logging: the user's logger, request context on every record, the text and JSON formats, the access line.
 
 ``from modelserve import logger`` gives user code a logger whose lines carry the API and request id of the
-request being served, from sync and async code alike (the ids come from a context variable).
+request being served, from sync and async code alike (the ids come from a context variable)::
+
+    from modelserve import logger
+
+    class Model:
+        def predict(self, inputs):
+            logger.info("scored", extra={"rows": len(inputs), "model": {"name": "iris", "version": 3}})
+
+With ``--log-format json`` that line is
+``{"asctime": ..., "levelname": "INFO", "message": "scored", "process": 4242, "logger": "modelserve.user",
+"api": "iris", "request_id": "...", "rows": 3, "model": {"name": "iris", "version": 3}}``: the keys of
+``extra`` are flattened one level into the object. An extra key that would overwrite a key modelserve
+writes (``asctime``, ``levelname``, ``message``, ``process``, ``labels``, ``logger``, ``api``,
+``request_id``...) is written as ``extra_<key>`` instead.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from modelserve import context
 
+#: Name of the logger of the access lines modelserve writes itself (one per API request).
+ACCESS_LOGGER = "modelserve.access"
+#: Keys of a JSON line that ``extra={...}`` may never set.
+RESERVED_KEYS = frozenset({"asctime", "levelname", "message", "labels", "process"})
+#: A JSON line larger than this is dropped (with a warning line instead).
+MAX_LINE_BYTES = 5 * 1024 * 1024
+# The record attribute that carries the ``extra`` of `logger` calls (see UserLogger).
+_EXTRA_ATTR = "modelserve_extra"
+# Attributes every LogRecord has; anything else on a record came from ``extra={...}`` or our filter.
+_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's colored copy of the message
+    "taskName",  # Python 3.12+
+}
+_CONTEXT_KEYS = ("api", "request_id")
+
+if TYPE_CHECKING:
+    _Adapter = logging.LoggerAdapter[logging.Logger]
+    from starlette.types import Scope
+
+    AccessWriter = Callable[[Scope, int, float, str, str], None]
+else:
+    _Adapter = logging.LoggerAdapter
+
+
+class UserLogger(_Adapter):
+    """The logger of user code (``from modelserve import logger``): a `logging.LoggerAdapter`.
+
+    Unlike a plain `logging.Logger`, it accepts any key in ``extra`` (``name``, ``process``, ``message``...
+    make the standard library raise `KeyError`): the keys are carried aside and written by the JSON format,
+    renamed ``extra_<key>`` where they would overwrite modelserve's own keys.
+    """
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = kwargs.get("extra")
+        if extra:
+            kwargs["extra"] = {_EXTRA_ATTR: extra}
+        return msg, kwargs
+
+
 #: The logger for user code: ``from modelserve import logger``.
-logger = logging.getLogger("modelserve.user")
+logger = UserLogger(logging.getLogger("modelserve.user"))
 
 
 class RequestContextFilter(logging.Filter):
@@ -27,8 +85,23 @@ class RequestContextFilter(logging.Filter):
         return True
 
 
+class OutsideRequestFilter(logging.Filter):
+    """Lets through only records written outside an API request.
+
+    Put on uvicorn's access logger when modelserve writes its own access lines, so that an API request is
+    logged once (by modelserve, with its duration and request id) and every other request (``/healthz``,
+    ``/metrics``, 404s) still once, by uvicorn.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return context.current.get() is None
+
+
 class TextFormatter(logging.Formatter):
-    """Readable lines for a terminal, with the request id when there is one."""
+    """Readable lines for a terminal, with the API and request id when there is one::
+
+    2026-11-22 18:45:53,123 INFO    modelserve.user: scored [api=iris request_id=5f0c...]
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
@@ -41,61 +114,106 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-# Attributes every LogRecord has; anything else on a record came from ``extra={...}`` or our filter.
-_RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "color_message"}
-#: Keys of a JSON line that ``extra={...}`` may not overwrite.
-RESERVED_KEYS = frozenset({"asctime", "levelname", "message", "labels", "process"})
-#: A JSON line larger than this is dropped (with a warning line instead).
-MAX_LINE_BYTES = 5 * 1024 * 1024
+def _put(entry: dict[str, Any], key: Any, value: Any) -> None:
+    key = str(key)
+    if key in RESERVED_KEYS or key in entry:
+        key = "extra_" + key
+        if key in entry:
+            return
+    entry[key] = value
 
 
 class JSONFormatter(logging.Formatter):
-    """One JSON object per line: asctime, levelname, message, process, api and request_id when serving a
-    request, and the keys of ``extra={...}`` flattened one level (never over the reserved keys)."""
+    """One JSON object per line: asctime, levelname, message, process, logger, api and request_id when
+    serving a request, and the keys of ``extra={...}`` flattened one level (never over modelserve's keys).
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        import orjson
-
-        entry: dict[str, object] = {
-            "asctime": self.formatTime(record),
+        entry: dict[str, Any] = {
+            "asctime": self.formatTime(record, self.datefmt),
             "levelname": record.levelname,
             "message": record.getMessage(),
             "process": record.process,
             "logger": record.name,
         }
-        for key, value in vars(record).items():
-            if key in _RECORD_ATTRS or key in RESERVED_KEYS:
+        attributes = vars(record)
+        for key in _CONTEXT_KEYS:
+            value = attributes.get(key)
+            if value is not None:
+                entry[key] = value
+        for key, value in attributes.items():
+            if key in _RECORD_ATTRS or key in _CONTEXT_KEYS:
                 continue
-            if isinstance(value, dict) and key not in ("api", "request_id"):
+            if key == _EXTRA_ATTR and isinstance(value, dict):
                 for inner_key, inner_value in value.items():
-                    if str(inner_key) not in RESERVED_KEYS:
-                        entry.setdefault(str(inner_key), inner_value)
+                    _put(entry, inner_key, inner_value)
             else:
-                entry.setdefault(key, value)
+                _put(entry, key, value)
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack_info"] = self.formatStack(record.stack_info)
         line = orjson.dumps(entry, default=repr, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
         if len(line) > MAX_LINE_BYTES:
-            warning = {
-                "asctime": entry["asctime"],
-                "levelname": "WARNING",
-                "message": f"a log line of {len(line)} bytes was dropped (limit {MAX_LINE_BYTES} bytes)",
-                "process": record.process,
-                "logger": record.name,
-            }
-            line = orjson.dumps(warning)
+            line = self._dropped(entry, len(line))
         return line.decode("utf-8")
+
+    @staticmethod
+    def _dropped(entry: dict[str, Any], size: int) -> bytes:
+        warning = {
+            "asctime": entry["asctime"],
+            "levelname": "WARNING",
+            "message": (
+                f"a log line of {size} bytes was dropped (limit {MAX_LINE_BYTES} bytes); "
+                f"it was a {entry['levelname']} line of logger {entry['logger']!r}"
+            ),
+            "process": entry["process"],
+            "logger": "modelserve",
+        }
+        for key in _CONTEXT_KEYS:
+            if key in entry:
+                warning[key] = entry[key]
+        return orjson.dumps(warning)
 
 
 class JSONAccessFormatter(JSONFormatter):
-    """uvicorn's access lines as JSON: method, path, status, plus the request id when known."""
+    """Access lines as JSON: uvicorn's (method, path, status, client) and modelserve's own (those and
+    duration, request_id, api)."""
 
     def format(self, record: logging.LogRecord) -> str:
         args = record.args
-        if isinstance(args, tuple) and len(args) == 5:
+        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
             client, method, path, _version, status = args
-            record.client = client
             record.method = method
             record.path = path
             record.status = status
+            record.client = client
         return super().format(record)
+
+
+def access_writer() -> AccessWriter | None:
+    """The function the realtime endpoint calls after each answer to write its access line, or None.
+
+    None (and no cost at all per request) unless the ``modelserve.access`` logger is enabled for INFO when
+    the endpoint is created: the CLI enables it with ``--log-format json`` (and not ``--no-access-log``).
+    The line is ``POST /iris 200 1.234 ms`` with the fields method, path, status, duration (seconds),
+    request_id, api and client.
+    """
+    access = logging.getLogger(ACCESS_LOGGER)
+    if not access.isEnabledFor(logging.INFO):
+        return None
+
+    def write(scope: Scope, status: int, seconds: float, request_id: str, api: str) -> None:
+        client = scope.get("client")
+        fields = {
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "duration": round(seconds, 6),
+            "request_id": request_id,
+            "api": api,
+            "client": f"{client[0]}:{client[1]}" if client else None,
+        }
+        access.info("%s %s %d %.3f ms", scope["method"], scope["path"], status, seconds * 1000, extra=fields)
+
+    return write
