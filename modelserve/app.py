@@ -217,7 +217,8 @@ class ModelserveApp(Starlette):
 def _base_url_of(scope: Scope) -> str:
     server = scope.get("server") or ("127.0.0.1", 80)
     host, port = server[0], server[1]
-    return f"{scope.get('scheme', 'http')}://{host}:{port}{scope.get('root_path', '')}".rstrip("/")
+    netloc = host if port is None else f"{host}:{port}"  # a unix socket or a test transport has no port
+    return f"{scope.get('scheme', 'http')}://{netloc}{scope.get('root_path', '')}".rstrip("/")
 
 
 def create_app(
