@@ -78,6 +78,20 @@ def two_inputs_onnx(path: Path) -> Path:
     return _save(graph, path)
 
 
+def shared_batch_onnx(path: Path) -> Path:
+    """a float32 [batch, 2] and b float32 [batch, 2] (one named dimension) -> sum float32 [batch, 2]."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["sum"])],
+        "shared_batch",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 2]),
+        ],
+        [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["batch", 2])],
+    )
+    return _save(graph, path)
+
+
 def fixed_shape_onnx(path: Path) -> Path:
     """x float32 [2, 3] (fixed) -> y = x * 2."""
     graph = helper.make_graph(

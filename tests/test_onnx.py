@@ -20,7 +20,14 @@ from starlette.testclient import TestClient
 import modelserve
 from modelserve.backends._adaptive import Adaptive
 from tests.conftest import REPO, write_project
-from tests.models import fixed_shape_onnx, iris_expected, iris_onnx, slow_onnx, two_inputs_onnx
+from tests.models import (
+    fixed_shape_onnx,
+    iris_expected,
+    iris_onnx,
+    shared_batch_onnx,
+    slow_onnx,
+    two_inputs_onnx,
+)
 
 SAMPLE = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
 ROW = [5.1, 3.5, 1.4, 0.2]
@@ -67,6 +74,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     iris_onnx(root / "iris.onnx")
     two_inputs_onnx(root / "two.onnx")
     fixed_shape_onnx(root / "fixed.onnx")
+    shared_batch_onnx(root / "shared.onnx")
     return write_project(
         root,
         {
@@ -85,6 +93,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     model: {path: two.onnx, format: onnx}
                   - name: fixed
                     model: {path: fixed.onnx}
+                  - name: shared
+                    model: {path: shared.onnx}
                   - name: hooked
                     model: {path: iris.onnx}
                     handler: {path: hooks.py, config: {tag: v1}}
@@ -145,6 +155,12 @@ def test_multiple_inputs_with_dtype_conversion(client: TestClient) -> None:
         # a wrong fixed dimension
         ("iris", [[1, 2, 3]], ["input 'input'", "[batch, 4]", "received shape [1, 3]", "dimension 1 is 3, not 4"]),
         ("fixed", [[1, 2, 3]], ["input 'x'", "[2, 3]", "received shape [1, 3]", "dimension 0 is 1, not 2"]),
+        # inputs that share a named dimension must agree on its size
+        (
+            "shared",
+            {"a": [[1, 2], [3, 4]], "b": [[1, 2]]},
+            ["inputs 'a', 'b' share the dimension 'batch'", "'a' has 2, 'b' has 1", "'b' (float32 [batch, 2])"],
+        ),
         # a missing or an unknown input
         (
             "two",
@@ -168,6 +184,12 @@ def test_bad_input_is_a_400_naming_the_input_and_what_was_expected(
     for fragment in fragments:
         assert fragment in message
     assert answer.json()["request_id"] == answer.headers["x-request-id"]
+
+
+def test_inputs_sharing_a_named_dimension_of_one_size_are_served(client: TestClient) -> None:
+    answer = client.post("/shared", json={"a": [[1, 2], [3, 4]], "b": [[1, 1], [2, 2]]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"sum": [[2.0, 3.0], [5.0, 6.0]]}
 
 
 def test_a_body_that_is_not_json_is_a_400_without_pre_inference(client: TestClient) -> None:

@@ -174,6 +174,14 @@ class InputConverter:
             rank = -1 if spec.shape is None else len(spec.shape)
             fixed = tuple((i, d) for i, d in enumerate(spec.shape or ()) if isinstance(d, int) and d >= 0)
             self._steps[spec.name] = (spec, converter_for(spec.dtype), rank, fixed)
+        # Inputs that share a named dimension ("batch") must agree on its size; the runtime would fail deep
+        # inside the graph otherwise (a 500 for bad input).
+        axes: dict[str, list[tuple[str, int]]] = {}
+        for spec in self.inputs:
+            for axis, dim in enumerate(spec.shape or ()):
+                if isinstance(dim, str):
+                    axes.setdefault(dim, []).append((spec.name, axis))
+        self._shared = tuple((dim, tuple(where)) for dim, where in axes.items() if len(where) > 1)
 
     def expected(self) -> str:
         return ", ".join(f"'{spec.name}' ({spec.dtype_name} {shape_text(spec.shape)})" for spec in self.inputs)
@@ -189,7 +197,20 @@ class InputConverter:
             return {self._single.name: self._convert(self._single.name, value)}
         if len(value) != len(self.names) or any(name not in value for name in self.names):
             self._refuse_names(value)
-        return {name: self._convert(name, item) for name, item in value.items()}
+        feeds = {name: self._convert(name, item) for name, item in value.items()}
+        if self._shared:
+            self._check_shared(feeds)
+        return feeds
+
+    def _check_shared(self, feeds: dict[str, np.ndarray]) -> None:
+        for dim, where in self._shared:
+            sizes = {name: feeds[name].shape[axis] for name, axis in where}
+            if len(set(sizes.values())) > 1:
+                found = ", ".join(f"'{name}' has {size}" for name, size in sizes.items())
+                raise BadRequest(
+                    f"inputs {', '.join(repr(name) for name in sizes)} share the dimension '{dim}', "
+                    f"which must have one size; received {found}; the model's inputs are {self.expected()}"
+                )
 
     def _refuse_names(self, value: dict[Any, Any]) -> None:
         unknown = [str(name) for name in value if name not in self._steps]
