@@ -248,8 +248,9 @@ class FeedStacker:
     retried request by request, so that one bad request cannot fail the others.
     """
 
-    def __init__(self, run: RunFeeds, *, stackable: bool, label: str = "") -> None:
+    def __init__(self, run: RunFeeds, *, stackable: bool, run_stacked: RunFeeds | None = None, label: str = "") -> None:
         self.run = run
+        self.run_stacked = run_stacked or run
         self.stackable = stackable
         self.label = label
         #: Model calls made, calls that served more than one request, and requests served.
@@ -300,7 +301,7 @@ class FeedStacker:
         self.calls += 1
         self.stacked_calls += 1
         try:
-            prediction = await self.run(stack(group))
+            prediction = await self.run_stacked(stack(group))
         except Exception as exc:
             logger.debug(
                 "%s: a stacked call of %d requests raised %r; running them one by one", self.label, len(group), exc
@@ -328,6 +329,9 @@ class FeedStacker:
 class TensorBatcher:
     """Batching for a model file: a `Batcher` whose batched call is a `FeedStacker`.
 
+    `run` runs the feeds of one request, `run_stacked` (by default `run`) the concatenated feeds of several;
+    `execution` describes where the stacked calls run (``GET /<api>``).
+
     ::
 
         batcher = TensorBatcher(run_feeds, model.inputs, model.outputs, config.batching, name="mlp")
@@ -342,10 +346,15 @@ class TensorBatcher:
         config: BatchingConfig,
         *,
         name: str,
+        run_stacked: RunFeeds | None = None,
+        execution: Callable[[], dict[str, Any]] | None = None,
         max_concurrency: int = 1,
         on_batch: Callable[[int, list[float]], None] | None = None,
     ) -> None:
-        self.stacker = FeedStacker(run, stackable=has_batch_dimension(inputs, outputs), label=f"api '{name}'")
+        self.stacker = FeedStacker(
+            run, stackable=has_batch_dimension(inputs, outputs), run_stacked=run_stacked, label=f"api '{name}'"
+        )
+        self.execution = execution
         self.batcher = Batcher(
             self.stacker,
             name=name,
@@ -369,4 +378,5 @@ class TensorBatcher:
             "max_wait_ms": self.batcher.max_wait * 1000,
             "waiting": self.batcher.waiting,
             **self.stacker.describe(),
+            "stacked_execution": self.execution() if self.execution is not None else None,
         }

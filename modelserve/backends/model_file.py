@@ -224,22 +224,29 @@ class ModelFileBackend(Backend):
     def _batched_run(self) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """The model call behind a batcher: the feeds of concurrent requests are stacked into shared calls.
 
-        A batch's call is an `Adaptive` call too: inline while measured fast (its input size counted), else
-        in a worker thread. Requests that cannot be stacked run in calls of their own.
+        Calls are `Adaptive` calls: inline while measured fast, else in a worker thread. A lone request is
+        measured with the unbatched calls (``run``), stacked calls on their own estimate, so that the large
+        calls of a busy server do not send the lone requests of a quiet one to a thread.
         """
         model, batching = self.model, self.api.batching
         assert model is not None and batching is not None
-        adaptive, run = self.adaptive["run"], model.run
+        alone, run = self.adaptive["run"], model.run
+        stacked = Adaptive("run (stacked)", alone.threshold, self.label)
 
-        async def run_feeds(feeds: dict[str, Any]) -> Any:
-            return await adaptive.call(run, feeds, size=_size(feeds))
+        async def run_alone(feeds: dict[str, Any]) -> Any:
+            return await alone.call(run, feeds, size=_size(feeds))
+
+        async def run_stacked(feeds: dict[str, Any]) -> Any:
+            return await stacked.call(run, feeds, size=_size(feeds))
 
         self.batcher = TensorBatcher(
-            run_feeds,
+            run_alone,
             model.inputs,
             model.outputs,
             batching,
             name=self.api.name,
+            run_stacked=run_stacked,
+            execution=stacked.describe,
             max_concurrency=self.api.max_concurrency,
             on_batch=self.api_metrics.batch,
         )
