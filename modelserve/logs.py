@@ -101,16 +101,37 @@ class TextFormatter(logging.Formatter):
     """Readable lines for a terminal, with the API and request id when there is one::
 
     2026-11-22 18:45:53,123 INFO    modelserve.user: scored [api=iris request_id=5f0c...]
+
+    The request context ends the first line (a traceback follows it). A line larger than `MAX_LINE_BYTES`
+    is replaced by a warning, as in the JSON format.
     """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        line = super().formatMessage(record)
         request_id = getattr(record, "request_id", None)
         if request_id:
             line = f"{line} [api={getattr(record, 'api', '-')} request_id={request_id}]"
+        return line
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        if len(line) > MAX_LINE_BYTES // 4 and len(line.encode("utf-8", "replace")) > MAX_LINE_BYTES:
+            record.exc_text = None
+            dropped = logging.makeLogRecord(
+                {
+                    **vars(record),
+                    "msg": f"a log line of {len(line)} characters was dropped (limit {MAX_LINE_BYTES} bytes)",
+                    "args": (),
+                    "levelname": "WARNING",
+                    "exc_info": None,
+                    "exc_text": None,
+                    "stack_info": None,
+                }
+            )
+            line = super().format(dropped)
         return line
 
 
