@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -452,3 +453,38 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
     # for a busy 2-core machine, where the model's thread competes with the loop for a core)
     assert max(latencies) < 0.08 and sorted(latencies)[len(latencies) // 2] < 0.02, latencies
     assert [answer.json() for answer in answers[6:]] == [{"most": 1}] * 8
+
+
+# ------------------------------------------------------------------------------------------------
+# the example project: its README's answers, its model rebuilt by its script
+
+EXAMPLE = REPO / "examples" / "iris-onnx"
+_CURL = re.compile(r"curl -s -X POST http://127\.0\.0\.1:8888(/\S+) .*?-d '([^']*)'\n```\n```\n(.*?)\n```", re.S)
+
+
+def readme_requests(readme: Path) -> list[tuple[str, str, str]]:
+    """(path, JSON body, answer) of each ``curl -X POST`` in a README followed by its answer."""
+    return _CURL.findall(readme.read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_the_example_answers_what_its_readme_says(start_server: Any) -> None:
+    requests = readme_requests(EXAMPLE / "README.md")
+    assert len(requests) == 2
+    server = start_server(EXAMPLE, "--no-access-log")
+    server.wait_ready()
+    for path, body, expected in requests:
+        answer = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 200, answer.text
+        assert answer.text == expected
+
+
+def test_the_example_model_is_what_its_build_script_writes(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE / "build_model.py"), str(tmp_path / "model.onnx")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "model.onnx").read_bytes() == (EXAMPLE / "model.onnx").read_bytes()

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
 import modelserve
-from tests.conftest import write_project
+from tests.conftest import REPO, write_project
 from tests.models import iris_expected, iris_saved_model, two_inputs_saved_model
 
 pytest.importorskip("tensorflow")
@@ -154,3 +155,18 @@ def test_an_unknown_signature_key_fails_the_load_naming_the_signatures(project: 
         assert client.get("/readyz").status_code == 503
     assert len(errors) == 1
     assert "no signature 'nope' (signatures: scaled, serving_default)" in str(errors[0])
+
+
+@pytest.mark.slow
+def test_the_example_answers_what_its_readme_says(start_server: Any) -> None:
+    from tests.test_onnx import readme_requests
+
+    example = REPO / "examples" / "iris-tensorflow"
+    requests = readme_requests(example / "README.md")
+    assert len(requests) == 2
+    server = start_server(example, "--no-access-log")
+    server.wait_ready()
+    for path, body, expected in requests:
+        answer = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 200, answer.text
+        assert answer.text == expected
