@@ -1,0 +1,356 @@
+"""Dynamic batching of an ONNX model: modelserve unbatched, batched, and LitServe batched, under the same load.
+
+The model is a compute-heavy MLP, built with the onnx helper API into a temporary folder: ``x`` float32
+[batch, 1024] -> four 1024x1024 layers (MatMul + Relu) -> a 1024x10 output layer -> ``logits`` [batch, 10].
+One row reads 16 MB of weights; 32 rows read them once too, which is why batching pays.
+
+Servers, each its own process on a free loopback port, access log off, one onnxruntime session with the same
+options (CPU provider, ``--threads`` intra-op threads, 1 by default), started one at a time:
+
+* ``unbatched``: ``python -m modelserve`` without ``batching``;
+* ``batched-0``: ``batching: {max_batch_size: 32, max_wait_ms: 0}`` (greedy: a lone request never waits);
+* ``batched-5``: ``batching: {max_batch_size: 32, max_wait_ms: 5}``;
+* ``litserve``: LitServe with ``max_batch_size=32`` and ``batch_timeout=0.005`` (skipped when not installed).
+
+wrk posts one row as JSON (``{"x": [[...1024 numbers]]}``) at each concurrency for a few seconds; every
+cell is the median over the repeats. It prints req/s, p50 and p99, and the ratios issue 9 targets.
+
+    python benchmarks/batching.py [--duration 5] [--repeats 2] [--concurrency 1,16,64] [--threads 1] [--pin]
+
+``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+WIDTH, LAYERS, CLASSES = 1024, 4, 10
+
+LITSERVE = """
+import sys
+
+import litserve as ls
+import numpy as np
+import onnxruntime as ort
+
+
+class MLP(ls.LitAPI):
+    def setup(self, device):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(sys.argv[3])
+        self.session = ort.InferenceSession(sys.argv[2], options, providers=["CPUExecutionProvider"])
+
+    def decode_request(self, request):
+        return np.asarray(request["x"][0], dtype=np.float32)
+
+    def batch(self, inputs):
+        return np.stack(inputs)
+
+    def predict(self, x):
+        return self.session.run(None, {"x": x})[0]
+
+    def unbatch(self, output):
+        return list(output)
+
+    def encode_response(self, output):
+        return {"logits": [output.tolist()]}
+
+
+if __name__ == "__main__":
+    api = MLP(max_batch_size=32, batch_timeout=0.005, api_path="/mlp")
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)
+    server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False,
+               access_log=False)
+"""
+
+LUA = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+def build_mlp(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, weights, current = [], [], "x"
+    for i in range(LAYERS):
+        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
+        weights.append(numpy_helper.from_array(w, f"W{i}"))
+        nodes += [
+            helper.make_node("MatMul", [current, f"W{i}"], [f"h{i}"]),
+            helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
+        ]
+        current = f"r{i}"
+    w_out = (rng.standard_normal((WIDTH, CLASSES)) / np.sqrt(WIDTH)).astype(np.float32)
+    weights.append(numpy_helper.from_array(w_out, "W_out"))
+    nodes.append(helper.make_node("MatMul", [current, "W_out"], ["logits"]))
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def model_alone(path: Path, threads: int) -> str:
+    """The model's own speed, in this process: what batching can gain before any HTTP cost."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    parts = []
+    for rows in (1, 32):
+        x = np.zeros((rows, WIDTH), dtype=np.float32)
+        session.run(None, {"x": x})
+        calls = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < 1.0:
+            session.run(None, {"x": x})
+            calls += 1
+        seconds = (time.perf_counter() - started) / calls
+        parts.append(f"{rows} row(s) {seconds * 1000:.2f} ms/call = {rows / seconds:.0f} rows/s")
+    return "model alone (no HTTP): " + "; ".join(parts)
+
+
+def body() -> str:
+    row = np.random.default_rng(1).uniform(-1, 1, WIDTH).round(3)
+    return '{"x": [[' + ",".join(f"{v:g}" for v in row) + "]]}"
+
+
+def project_yaml(batching: str | None, threads: int) -> str:
+    text = f"""
+        apis:
+          - name: mlp
+            model: {{path: ../mlp.onnx, intra_op_threads: {threads}}}
+            max_queue_length: 1000
+    """
+    if batching is not None:
+        text += f"        batching: {batching}\n"
+    return textwrap.dedent(text).lstrip()
+
+
+@dataclass
+class Run:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """One server on a free loopback port; `command` gets the port as its last argument or after --port."""
+
+    def __init__(self, name: str, command: list[str], cwd: Path, pin: str | None, payload: str) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mlp"
+        self.payload = payload
+        prefix = ["taskset", "-c", pin] if pin else []
+        command = [part.replace("{port}", str(self.port)) for part in command]
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen(
+            [*prefix, *command],
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": path},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # LitServe starts child processes: stop them with it
+        )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{stderr}")
+            try:
+                answer = httpx.post(self.url, content=self.payload, headers={"content-type": "application/json"})
+                if answer.status_code == 200:
+                    assert len(answer.json()["logits"][0]) == CLASSES, answer.text
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not answer within 120 s")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.process.pid, 15)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever is left of the group (LitServe's worker processes outlive its main process)
+            os.killpg(self.process.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
+
+
+def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
+    prefix = ["taskset", "-c", pin] if pin else []
+    command = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
+    command += ["-s", str(script), url]
+    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    match = _RESULT.search(output)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{output}")
+    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
+    if bad_status or socket_errors:
+        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
+    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+
+
+def commands(root: Path, threads: int) -> dict[str, tuple[list[str], Path]]:
+    modelserve = [sys.executable, "-m", "modelserve"]
+    flags = ["--port", "{port}", "--no-access-log", "--log-level", "warning"]
+    servers: dict[str, tuple[list[str], Path]] = {}
+    for name, batching in (
+        ("unbatched", None),
+        ("batched-0", "{max_batch_size: 32, max_wait_ms: 0}"),
+        ("batched-5", "{max_batch_size: 32, max_wait_ms: 5}"),
+    ):
+        project = root / name
+        project.mkdir()
+        (project / "modelserve.yaml").write_text(project_yaml(batching, threads))
+        servers[name] = ([*modelserve, str(project), *flags], root)
+    if importlib.util.find_spec("litserve") is not None:
+        (root / "lit.py").write_text(textwrap.dedent(LITSERVE).lstrip())
+        servers["litserve"] = ([sys.executable, "lit.py", "{port}", str(root / "mlp.onnx"), str(threads)], root)
+    return servers
+
+
+def median_run(runs: list[Run]) -> Run:
+    return Run(
+        rps=statistics.median(r.rps for r in runs),
+        p50_ms=statistics.median(r.p50_ms for r in runs),
+        p99_ms=statistics.median(r.p99_ms for r in runs),
+    )
+
+
+def report(results: dict[tuple[str, int], Run], names: list[str], levels: list[int]) -> None:
+    header = f"{'conc':>5}  {'server':<11}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs unbatched':>14}"
+    print(header)
+    print("-" * len(header))
+    for connections in levels:
+        base = results.get(("unbatched", connections), results[(names[0], connections)])
+        for i, name in enumerate(names):
+            run = results[(name, connections)]
+            print(
+                f"{connections if i == 0 else '':>5}  {name:<11}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
+                f"{run.rps / base.rps:>13.2f}x"
+            )
+    print("\ntargets (issue 9):")
+
+    def check(text: str, value: float, ok: bool) -> None:
+        print(f"  {text:<58}{value:>7.2f}  {'ok' if ok else 'MISSED'}")
+
+    top = max(levels)
+    for name in [n for n in ("batched-0", "batched-5") if n in names and "unbatched" in names]:
+        ratio = results[(name, top)].rps / results[("unbatched", top)].rps
+        check(f"{name} / unbatched req/s at c={top} (>= 3)", ratio, ratio >= 3)
+    if 1 in levels and {"batched-0", "unbatched"} <= set(names):
+        ratio = results[("batched-0", 1)].p50_ms / results[("unbatched", 1)].p50_ms
+        check("batched-0 / unbatched p50 at c=1 (<= 1.10)", ratio, ratio <= 1.10)
+    if "litserve" in names:
+        for connections in [c for c in levels if c >= 16]:
+            for name in [n for n in ("batched-0", "batched-5") if n in names]:
+                ratio = results[(name, connections)].rps / results[("litserve", connections)].rps
+                check(f"{name} / litserve req/s at c={connections} (>= 2)", ratio, ratio >= 2)
+    elif importlib.util.find_spec("litserve") is None:
+        print("  litserve is not installed (pip install litserve): its comparison is skipped")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (default 5)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per cell; the median is shown (default 2)")
+    parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (default 1)")
+    parser.add_argument("--servers", default=None, help="only these servers, comma-separated (default all)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install wrk)")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    pin = args.pin if args.pin is not None else (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+    server_cpu, wrk_cpu = ("0", "1") if pin else (None, None)
+
+    runs: dict[tuple[str, int], list[Run]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        build_mlp(root / "mlp.onnx")
+        alone = model_alone(root / "mlp.onnx", args.threads)
+        payload = body()
+        script = root / "post.lua"
+        script.write_text(LUA % payload)
+        servers = commands(root, args.threads)
+        if args.servers:
+            servers = {name: servers[name] for name in args.servers.split(",")}
+        for _ in range(args.repeats):
+            for name, (command, cwd) in servers.items():  # one server at a time: an idle one costs nothing
+                server = ServerProcess(name, command, cwd, server_cpu, payload)
+                try:
+                    server.wait_ready()
+                    wrk(server.url, script, max(levels), 1.0, wrk_cpu)  # warm up
+                    for connections in levels:
+                        runs.setdefault((name, connections), []).append(
+                            wrk(server.url, script, connections, args.duration, wrk_cpu)
+                        )
+                finally:
+                    server.stop()
+
+    print(
+        f"dynamic batching: ONNX MLP {LAYERS}x{WIDTH}x{WIDTH}, one row per request, wrk {args.duration} s x "
+        f"{args.repeats} (median), intra-op threads {args.threads}, cpu={os.cpu_count()}, "
+        f"pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}\n"
+    )
+    print(alone + "\n")
+    results = {key: median_run(value) for key, value in runs.items()}
+    report(results, list(servers), levels)
+
+
+if __name__ == "__main__":
+    main()
