@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.values import MutexValue
 
 import modelserve
 from modelserve.metrics import _forget_dead_workers
@@ -355,3 +358,52 @@ def test_live_gauges_of_dead_workers_are_dropped(tmp_path: Path) -> None:
     assert not dead.exists()
     assert alive.exists()
     assert counter.exists()  # a dead worker's counts still count
+
+
+# ---------------------------------------------------------------------------------------------------
+# the request path
+
+
+async def test_the_request_path_calls_no_prometheus_client_and_threads_lose_no_count(
+    client_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = modelserve.create_app(handler=Staged, name="staged")
+    client = await client_of(app)
+    assert (await client.post("/staged", json={})).status_code == 200  # first sight of code 200 and each stage
+    await scrape(client)
+    lookups: list[tuple[Any, ...]] = []
+    original = MetricWrapperBase.labels
+
+    def counting_labels(self: Any, *args: Any, **kwargs: Any) -> Any:
+        lookups.append(args)
+        return original(self, *args, **kwargs)
+
+    def counting_inc(self: Any, amount: float) -> None:
+        lookups.append(("inc", amount))
+
+    monkeypatch.setattr(MetricWrapperBase, "labels", counting_labels)
+    monkeypatch.setattr(MutexValue, "inc", counting_inc)
+    answers = await asyncio.gather(*(client.post("/staged", json={}) for _ in range(20)))
+    assert {answer.status_code for answer in answers} == {200}
+    assert lookups == []  # no label lookup and no prometheus-client value touched per request
+    monkeypatch.undo()
+
+    # sync stages are timed in several worker threads at once, scrapes run meanwhile: nothing is lost
+    api_metrics = app.server.apis["staged"].metrics
+
+    def time_stages() -> None:
+        for _ in range(2000):
+            api_metrics.stage_timer("threaded", 0.003)
+
+    threads = [threading.Thread(target=time_stages) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        app.server.metrics.exposition()
+    families = await scrape(client)
+    assert value(families, "modelserve_stage_duration_seconds_count", api="staged", stage="threaded") == 8000
+    assert value(families, "modelserve_stage_duration_seconds_bucket", api="staged", stage="threaded", le="0.0025") == 0
+    assert (
+        value(families, "modelserve_stage_duration_seconds_bucket", api="staged", stage="threaded", le="0.005") == 8000
+    )
+    assert value(families, "modelserve_stage_duration_seconds_sum", api="staged", stage="threaded") == pytest.approx(24)
