@@ -283,3 +283,34 @@ def test_a_waiter_cancelled_just_before_a_release_does_not_break_the_limiter() -
         assert limiter.running == 0 and limiter.waiting == 0
 
     asyncio.run(scenario())
+
+
+def test_the_batcher_drops_requests_cancelled_while_the_model_is_busy() -> None:
+    from modelserve.batching import Batcher
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+        calls: list[list[str]] = []
+
+        async def call(items: list[str]) -> list[str]:
+            calls.append(items)
+            await release.wait()
+            return [item.upper() for item in items]
+
+        batcher = Batcher(call, name="t", max_batch_size=8)
+        running = asyncio.create_task(batcher.submit("a"))  # takes the model
+        await asyncio.sleep(0)
+        waiting = asyncio.create_task(batcher.submit("b"))  # waits: the model is busy
+        kept = asyncio.create_task(batcher.submit("c"))
+        await asyncio.sleep(0)
+        assert batcher.waiting == 2
+        waiting.cancel()
+        running.cancel()  # cancelled during its call: the call goes on, its result is dropped
+        await asyncio.sleep(0)
+        assert batcher.waiting == 1
+        release.set()
+        assert await kept == "C"
+        assert calls == [["a"], ["c"]]
+        assert running.cancelled() and waiting.cancelled()
+
+    asyncio.run(scenario())
