@@ -191,10 +191,10 @@ def test_models_without_a_batch_dimension_are_served_alone(server, api: str, bod
 
 def test_a_lone_request_is_not_delayed(server) -> None:
     count = metric(server, "modelserve_batch_wait_seconds_count", "doubler")
-    quick = metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.001")
+    quick = metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.005")
     assert httpx.post(server.url + "/doubler", json=[[1, 2]]).json() == {"y": [[2, 4]]}
     assert metric(server, "modelserve_batch_wait_seconds_count", "doubler") == count + 1
-    assert metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.001") == quick + 1
+    assert metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.005") == quick + 1
 
 
 def test_max_wait_ms_lets_a_partial_batch_wait(server) -> None:
