@@ -608,3 +608,23 @@ def test_missing_redis_extra_names_the_pip_command(tmp_path: Path) -> None:
     )
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert 'pip install "modelserve[redis]"' in output.stdout, output.stdout + output.stderr
+
+
+def test_json_access_lines_and_request_metrics(tmp_path: Path, start_server: Any) -> None:
+    import json
+
+    server = start_server(project(tmp_path), "--jobs-store", "memory", "--log-format", "json")
+    server.wait_ready()
+    job_id = submit(server.url, {"n": 1}, headers={"x-request-id": "job-42"}).json()["id"]
+    wait_status(server.url, job_id, {"completed"})
+    assert submit(server.url, content=b"{", headers={"content-type": "application/json"}).status_code == 400
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'modelserve_requests_total{api="jobs",code="200"}' in metrics
+    assert 'modelserve_requests_total{api="jobs",code="400"}' in metrics
+    server.stop()
+    lines = [json.loads(line) for line in server.log.splitlines() if line.startswith("{")]
+    posts = [line for line in lines if line.get("method") == "POST" and line.get("path") == "/jobs"]
+    assert [line["status"] for line in posts] == [200, 400]
+    assert posts[0]["request_id"] == "job-42" and posts[0]["duration"] > 0
+    polls = [line for line in lines if line.get("path") == "/jobs/job-42"]
+    assert polls and all(line["status"] == 200 and "duration" in line for line in polls)

@@ -7,6 +7,7 @@ it; ``DELETE /<api>/<id>`` cancels it; ``GET /<api>`` describes the API.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.routing import BaseRoute, Route
@@ -14,10 +15,15 @@ from starlette.types import Receive, Scope, Send
 
 from modelserve._http import ClientGone, read_body, request_headers, send_body, send_http_error, send_json
 from modelserve.codecs import JSON_TYPE, decode_payload
+from modelserve.context import RequestContext, current
 from modelserve.errors import ConfigError, Conflict, HTTPError, NotFound, ServiceUnavailable
 from modelserve.jobs import make_store
-from modelserve.jobs.base import CANCELLED, ENDED, IN_PROGRESS, JobStore, NewJob
+from modelserve.jobs.base import CANCELLED, ENDED, IN_PROGRESS, JobQueueFull, JobStore, NewJob
 from modelserve.jobs.worker import JobWorker
+from modelserve.logs import access_writer
+
+#: Logged for a client that went away before its job was stored (nginx's convention).
+CLIENT_CLOSED = 499
 
 if TYPE_CHECKING:
     from modelserve.apis import Api
@@ -44,11 +50,15 @@ class JobsEndpoint:
         self.name = api.name
         self.jobs = jobs
         self.worker: JobWorker | None = None
+        self.access_log = access_writer()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         request_id, content_type, content_length, _ = request_headers(scope)
         job_id = scope.get("path_params", {}).get("job_id")
         method = scope["method"]
+        token = current.set(RequestContext(self.name, request_id))
+        status = 200
         try:
             if job_id is None and method == "GET":
                 await send_json(send, 200, self.describe(), request_id)
@@ -59,9 +69,18 @@ class JobsEndpoint:
             else:
                 await self.cancel(send, job_id, request_id)
         except HTTPError as exc:
+            if isinstance(exc, JobQueueFull):
+                self.api.metrics.queue_full.inc()
+            status = exc.status_code
             await send_http_error(send, exc, request_id)
         except ClientGone:
-            return
+            status = CLIENT_CLOSED
+        finally:
+            current.reset(token)
+        seconds = time.perf_counter() - started
+        self.api.metrics.answered(status, seconds)
+        if self.access_log is not None:
+            self.access_log(scope, status, seconds, request_id, self.name)
 
     def _store(self, submitting: bool = False) -> JobStore:
         """The store, once this API has loaded and its worker runs (else a 503)."""
@@ -81,12 +100,7 @@ class JobsEndpoint:
         store = self._store(submitting=True)
         body = await read_body(receive, self.api.config.max_body_size, content_length)
         kind, payload = stored_payload(content_type, body)
-        try:
-            await store.submit(NewJob(self.name, job_id, kind, payload), self.api.config.max_queue_length)
-        except HTTPError as exc:
-            if isinstance(exc, ServiceUnavailable):
-                self.api.metrics.queue_full.inc()
-            raise
+        await store.submit(NewJob(self.name, job_id, kind, payload), self.api.config.max_queue_length)
         assert self.worker is not None
         self.worker.wake()
         self.api.metrics.job("in_queue")
