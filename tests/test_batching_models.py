@@ -314,3 +314,57 @@ def test_the_batcher_drops_requests_cancelled_while_the_model_is_busy() -> None:
         assert running.cancelled() and waiting.cancelled()
 
     asyncio.run(scenario())
+
+
+def test_the_stacker_groups_stackable_requests_and_runs_the_others_alone() -> None:
+    from modelserve.batching import Failed, FeedStacker
+
+    calls: list[tuple[int, ...]] = []
+
+    async def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        x = feeds["x"]
+        calls.append(x.shape)
+        if (x < 0).any():
+            raise ValueError("negative")
+        total = np.full((1,), x.sum())  # no batch dimension: cannot be split
+        return [x * 2, total] if x.shape[1] == 3 else [x * 2]
+
+    stacker = FeedStacker(run, stackable=True)
+    items = [
+        {"x": np.ones((1, 2))},
+        {"x": np.full((2, 2), 2.0)},
+        {"x": np.full((1, 2), -1.0)},  # its stacked call raises: retried alone, fails alone
+        {"x": np.ones((1, 3))},  # an unsplittable output: run alone, with the other [*, 3]
+        {"x": np.ones((1, 3))},
+        {"x": np.ones((1, 5))},  # nothing to stack with
+    ]
+    results = asyncio.run(stacker(items))
+    assert [r[0].tolist() for r in results[:2]] == [[[2, 2]], [[4, 4], [4, 4]]]
+    assert isinstance(results[2], Failed) and str(results[2].error) == "negative"
+    assert [r[0].tolist() for r in results[3:]] == [[[2, 2, 2]], [[2, 2, 2]], [[2] * 5]]
+    assert calls[0] == (4, 2) and (2, 3) in calls  # two stacked attempts, then calls of one request
+    assert stacker.stacked_calls == 2 and stacker.calls == len(calls)
+    calls.clear()
+    asyncio.run(stacker([{"x": np.ones((1, 3))}, {"x": np.ones((1, 3))}]))
+    assert calls == [(1, 3), (1, 3)]  # an unsplittable shape is remembered: no stacked attempt again
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "expected"),
+    [
+        ([("batch", 4)], [("batch", 3)], True),
+        ([(None, 4)], [None], True),
+        ([(2, 3)], [(2, 3)], False),
+        ([("n", 2), ()], [("n", 2)], False),
+        ([None], [("n",)], False),
+        ([("n", 4)], [(1,)], False),
+    ],
+)
+def test_a_model_is_stackable_with_a_dynamic_first_dimension(inputs, outputs, expected) -> None:
+    from modelserve.batching import has_batch_dimension
+    from modelserve.runtimes._tensors import TensorSpec
+
+    def specs(shapes):  # type: ignore[no-untyped-def]
+        return [TensorSpec(f"t{i}", np.dtype("float32"), shape) for i, shape in enumerate(shapes)]
+
+    assert has_batch_dimension(specs(inputs), specs(outputs)) is expected
