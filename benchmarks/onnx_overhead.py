@@ -1,0 +1,411 @@
+"""ONNX serving overhead: modelserve against bare Starlette routes (and LitServe, FastAPI) running the same model.
+
+Two models, built here with the onnx helper API:
+
+* ``iris``: x float32 [N, 4] -> MatMul + Add + Softmax -> probabilities float32 [N, 3] (microseconds a call);
+* ``mlp``: x float32 [N, 256] -> 3 x (256x256 MatMul + Relu) -> MatMul -> logits float32 [N, 10].
+
+For each model, these servers, each its own process on a free loopback port, access logs off, the same
+onnxruntime session options (CPU provider, one intra-op thread, one inter-op thread):
+
+* ``modelserve``: ``python -m modelserve DIR --no-access-log``, the model served directly (no hooks);
+* ``bare-inline``: a Starlette route that parses the body with orjson and calls ``session.run`` inline on the
+  event loop (the baseline: the least a Python server can do);
+* ``bare-thread``: the same route calling ``session.run`` through ``run_in_threadpool``;
+* ``fastapi``: a FastAPI route doing the bare-inline work (when fastapi is installed);
+* ``litserve``: a LitAPI doing the same work (when litserve is installed; its own server and worker processes).
+
+Every server answers ``{"<output>": [[...]]}`` for a body ``[[...]]`` (one row). wrk posts the body (a lua
+script) at each concurrency, a few seconds per run, the servers taking turns; every cell is the median over
+the repeats. The ratio is each server's requests/s over bare-inline's.
+
+    python benchmarks/onnx_overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin]
+
+``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parent.parent
+API = "predict"
+
+# ------------------------------------------------------------------------------------------------
+# the models
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def iris_model(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["h"]),
+            helper.make_node("Add", ["h", "B"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
+        ],
+        "iris",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 3])],
+        [
+            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "B"),
+        ],
+    )
+    return _save(graph, path)
+
+
+def mlp_model(path: Path, width: int = 256, layers: int = 3, classes: int = 10) -> Path:
+    rng = np.random.default_rng(0)
+    nodes, weights, current = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        weights.append(numpy_helper.from_array(w, f"W{i}"))
+        nodes += [
+            helper.make_node("MatMul", [current, f"W{i}"], [f"h{i}"]),
+            helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
+        ]
+        current = f"r{i}"
+    weights.append(numpy_helper.from_array((rng.standard_normal((width, classes)) / 16).astype(np.float32), "W_out"))
+    nodes.append(helper.make_node("MatMul", [current, "W_out"], ["logits"]))
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
+        weights,
+    )
+    return _save(graph, path)
+
+
+def bodies() -> dict[str, str]:
+    rng = np.random.default_rng(1)
+    mlp_row = ", ".join(f"{v:.3f}" for v in rng.standard_normal(256))
+    return {"iris": "[[5.1, 3.5, 1.4, 0.2]]", "mlp": f"[[{mlp_row}]]"}
+
+
+# ------------------------------------------------------------------------------------------------
+# the servers: one script, `python servers.py KIND MODEL_PATH PORT`
+
+SERVERS = """
+import sys
+
+import numpy as np
+import onnxruntime
+import orjson
+
+KIND, MODEL, PORT = sys.argv[1], sys.argv[2], int(sys.argv[3])
+OPTIONS = {"option": orjson.OPT_SERIALIZE_NUMPY}
+
+
+def new_session():
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])
+
+
+def starlette_app(threaded):
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    session = new_session()
+    name, outputs = session.get_inputs()[0].name, [o.name for o in session.get_outputs()]
+    run = session.run
+
+    async def inline(request: Request) -> Response:
+        x = np.asarray(orjson.loads(await request.body()), dtype=np.float32)
+        result = dict(zip(outputs, run(None, {name: x})))
+        return Response(orjson.dumps(result, **OPTIONS), media_type="application/json")
+
+    async def thread(request: Request) -> Response:
+        x = np.asarray(orjson.loads(await request.body()), dtype=np.float32)
+        result = dict(zip(outputs, await run_in_threadpool(run, None, {name: x})))
+        return Response(orjson.dumps(result, **OPTIONS), media_type="application/json")
+
+    return Starlette(routes=[Route("/predict", thread if threaded else inline, methods=["POST"])])
+
+
+def fastapi_app():
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+
+    session = new_session()
+    name, outputs = session.get_inputs()[0].name, [o.name for o in session.get_outputs()]
+    app = FastAPI()
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        x = np.asarray(orjson.loads(await request.body()), dtype=np.float32)
+        result = dict(zip(outputs, session.run(None, {name: x})))
+        return Response(orjson.dumps(result, **OPTIONS), media_type="application/json")
+
+    return app
+
+
+if KIND == "litserve":  # at module level: LitServe's worker process (spawned) imports this class by name
+    import litserve as ls
+
+    class OnnxAPI(ls.LitAPI):
+        def setup(self, device):
+            self.session = new_session()
+            self.name = self.session.get_inputs()[0].name
+            self.outputs = [o.name for o in self.session.get_outputs()]
+
+        def decode_request(self, request):
+            return np.asarray(request, dtype=np.float32)
+
+        def predict(self, x):
+            return dict(zip(self.outputs, self.session.run(None, {self.name: x})))
+
+        def encode_response(self, output):
+            return {key: value.tolist() for key, value in output.items()}
+
+
+if __name__ == "__main__":
+    if KIND == "litserve":
+        server = ls.LitServer(OnnxAPI(), accelerator="cpu", workers_per_device=1, timeout=False)
+        server.run(host="127.0.0.1", port=PORT, log_level="warning", generate_client_file=False)
+    else:
+        import uvicorn
+
+        app = {"bare-inline": lambda: starlette_app(False), "bare-thread": lambda: starlette_app(True),
+               "fastapi": fastapi_app}[KIND]()
+        uvicorn.run(app, host="127.0.0.1", port=PORT, access_log=False, log_level="warning",
+                    http="httptools", loop="uvloop")
+"""
+
+MS_YAML = """
+apis:
+  - name: predict
+    model: {path: model.onnx, intra_op_threads: 1, inter_op_threads: 1}
+"""
+
+LUA = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+@dataclass
+class Run:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, name: str, model: str, command: list[str], cwd: Path, body: str, pin: str | None) -> None:
+        self.name, self.model, self.body = name, model, body
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        prefix = ["taskset", "-c", pin] if pin else []
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        self.log = open(cwd / f"{name}-{model}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [*prefix, *[part.replace("{port}", str(self.port)) for part in command]],
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": path},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # LitServe starts processes of its own: stop() ends the whole group
+        )
+
+    def wait_ready(self) -> np.ndarray:
+        deadline = time.monotonic() + 120
+        headers = {"content-type": "application/json"}
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                log = Path(self.log.name).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.name} ({self.model}) exited with {self.process.returncode}:\n{log}")
+            try:
+                answer = httpx.post(f"{self.url}/{API}", content=self.body, headers=headers, timeout=5)
+                if answer.status_code == 200:
+                    (values,) = answer.json().values()
+                    return np.asarray(values)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} ({self.model}) did not answer within 120 s")
+
+    def stop(self) -> None:
+        group = self.process.pid  # the process leads its own session and group
+        self._signal(group, signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+        self._signal(group, signal.SIGKILL)  # whatever of the group is left
+        self.process.wait()
+        self.log.close()
+
+    @staticmethod
+    def _signal(group: int, sig: int) -> None:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass
+
+
+def server_commands(root: Path, model: str) -> dict[str, list[str]]:
+    project = root / model
+    script = str(root / "servers.py")
+    onnx_file = str(project / "model.onnx")
+    commands = {
+        "modelserve": [sys.executable, "-m", "modelserve", str(project), "--no-access-log", "--log-level", "warning"],
+        "bare-inline": [sys.executable, script, "bare-inline", onnx_file],
+        "bare-thread": [sys.executable, script, "bare-thread", onnx_file],
+    }
+    for optional in ("fastapi", "litserve"):
+        if importlib.util.find_spec(optional) is not None:
+            commands[optional] = [sys.executable, script, optional, onnx_file]
+    commands["modelserve"] += ["--port", "{port}"]
+    for name in commands:
+        if name != "modelserve":
+            commands[name].append("{port}")
+    return commands
+
+
+_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
+
+
+def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
+    prefix = ["taskset", "-c", pin] if pin else []
+    command = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
+    command += ["-s", str(script), url]
+    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    match = _RESULT.search(output)
+    if match is None:
+        raise RuntimeError(f"wrk printed no result:\n{output}")
+    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
+    if bad_status or socket_errors:
+        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
+    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+
+
+def median_run(runs: list[Run]) -> Run:
+    return Run(
+        rps=statistics.median(r.rps for r in runs),
+        p50_ms=statistics.median(r.p50_ms for r in runs),
+        p99_ms=statistics.median(r.p99_ms for r in runs),
+    )
+
+
+def prepare(root: Path) -> dict[str, str]:
+    (root / "servers.py").write_text(textwrap.dedent(SERVERS).lstrip())
+    texts = bodies()
+    for model, build in (("iris", iris_model), ("mlp", mlp_model)):
+        (root / model).mkdir()
+        build(root / model / "model.onnx")
+        (root / model / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
+        (root / f"{model}.lua").write_text(LUA % texts[model])
+    return texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is shown (default 3)")
+    parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
+    parser.add_argument("--models", default="iris,mlp", help="models to serve, comma-separated (iris, mlp)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install wrk)")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    models = args.models.split(",")
+    pin = args.pin if args.pin is not None else (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+    server_cpu, wrk_cpu = ("0", "1") if pin else (None, None)
+
+    results: dict[tuple[str, str, int], list[Run]] = {}
+    names: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        texts = prepare(root)
+        for model in models:
+            commands = server_commands(root, model)
+            names[model] = list(commands)
+            servers = [
+                ServerProcess(name, model, command, root, texts[model], server_cpu)
+                for name, command in commands.items()
+            ]
+            try:
+                answers = {server.name: server.wait_ready() for server in servers}
+                for name, answer in answers.items():  # the same work: the same answer
+                    np.testing.assert_allclose(answer, answers["bare-inline"], rtol=1e-4, atol=1e-6, err_msg=name)
+                for server in servers:
+                    wrk(f"{server.url}/{API}", root / f"{model}.lua", 16, 1.0, wrk_cpu)  # warm up
+                for _ in range(args.repeats):
+                    for connections in levels:
+                        for server in servers:  # the servers take turns, so drift hits them alike
+                            run = wrk(f"{server.url}/{API}", root / f"{model}.lua", connections, args.duration, wrk_cpu)
+                            results.setdefault((model, server.name, connections), []).append(run)
+            finally:
+                for server in servers:
+                    server.stop()
+
+    import onnxruntime
+
+    print(
+        f"ONNX serving overhead: wrk {args.duration:g} s x {args.repeats} (median), cpu={os.cpu_count()}, "
+        f"pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}, onnxruntime {onnxruntime.__version__}"
+    )
+    header = f"{'model':<6}{'conc':>5}  {'server':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+    print(header)
+    print("-" * len(header))
+    for model in models:
+        for connections in levels:
+            base = median_run(results[(model, "bare-inline", connections)])
+            for i, name in enumerate(names[model]):
+                run = median_run(results[(model, name, connections)])
+                label = (model, str(connections)) if i == 0 else ("", "")
+                print(
+                    f"{label[0]:<6}{label[1]:>5}  {name:<12}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
+                    f"{run.rps / base.rps:>7.2f}x"
+                )
+
+
+if __name__ == "__main__":
+    main()
