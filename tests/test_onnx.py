@@ -146,6 +146,7 @@ def test_multiple_inputs_with_dtype_conversion(client: TestClient) -> None:
         # a value that cannot be converted
         ("iris", [[1, 2, 3, "x"]], ["input 'input'", "float32", "[batch, 4]", "'x'"]),
         ("iris", [[1, 2, None, 4]], ["input 'input'", "float32", "null"]),
+        ("iris", [[1e39, 2, 3, 4]], ["input 'input'", "float32", "1e+39"]),
         ("iris", [[1, 2, 3], [4, 5]], ["input 'input'", "float32", "[batch, 4]", "cannot be converted"]),
         ("two", {"a": [[1, 2]], "b": [[1.5, 2]], "flag": True}, ["input 'b'", "int32", "[null, 2]", "1.5"]),
         ("two", {"a": [[1, 2]], "b": [[2**40, 2]], "flag": True}, ["input 'b'", "int32", str(2**40)]),
