@@ -1,6 +1,6 @@
 """Async jobs: submits per second, submit latency, completions per second, for each job store.
 
-A trivial async API (a sync ``handle_async`` returning its payload; ``max_concurrency`` 4,
+A trivial async API (a sync ``handle_async`` returning its payload; ``max_concurrency`` 4 by default,
 ``max_queue_length`` 100,000) is served by ``python -m modelserve DIR --no-access-log --jobs-store STORE``
 for each store: ``memory``, ``sqlite`` (a file in a temporary folder) and ``redis`` (a ``redis-server`` this
 script starts on a free loopback port, without persistence; skipped with a note when ``modelserve.jobs.redis``
@@ -18,7 +18,7 @@ or ``redis-server`` is missing). For each:
   difference divided by the number of jobs (their records are kept for ``result_ttl``, 7 days by default).
 
     python benchmarks/jobs.py [--duration 5] [--connections 64] [--retained 100000]
-                              [--stores memory,sqlite,redis] [--workers 1] [--pin]
+                              [--stores memory,sqlite,redis] [--max-concurrency 4] [--workers 1] [--pin]
 
 ``--pin`` (the default on machines with 2 or more cores) runs the server on CPU 0 and wrk (and redis-server)
 on CPU 1, so that the load generator does not steal the server's core. ``--workers 2`` serves the durable
@@ -55,7 +55,7 @@ apis:
   - name: echo
     kind: async
     handler: {path: handler.py}
-    max_concurrency: 4
+    max_concurrency: {max_concurrency}
     max_queue_length: 100000
 """
 
@@ -159,16 +159,19 @@ class Server:
         self.client = httpx.Client(base_url=self.url, timeout=10)
 
     def wait_ready(self) -> None:
+        """Wait until /readyz answers 200, on fresh connections 20 times in a row (so from every worker)."""
         deadline = time.monotonic() + 60
+        streak = 0
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log.read_text()}")
             try:
-                if self.client.get("/readyz").status_code == 200:
-                    return
+                streak = streak + 1 if httpx.get(self.url + "/readyz").status_code == 200 else 0
             except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+                streak = 0
+            if streak >= 20:
+                return
+            time.sleep(0.05 if streak == 0 else 0.01)
         raise RuntimeError(f"server was not ready within 60 s:\n{self.log.read_text()}")
 
     def jobs(self) -> dict[str, int]:
@@ -222,11 +225,11 @@ def write_script(root: Path) -> Path:
     return script
 
 
-def write_project(root: Path) -> Path:
+def write_project(root: Path, max_concurrency: int = 4) -> Path:
     project = root / "project"
     project.mkdir()
     (project / "handler.py").write_text(HANDLER.lstrip())
-    (project / "modelserve.yaml").write_text(PROJECT.lstrip())
+    (project / "modelserve.yaml").write_text(PROJECT.replace("{max_concurrency}", str(max_concurrency)).lstrip())
     return project
 
 
@@ -293,6 +296,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64, help="wrk connections (default 64)")
     parser.add_argument("--retained", type=int, default=100000, help="jobs of the memory run (0 to skip)")
     parser.add_argument("--stores", default="memory,sqlite,redis", help="comma-separated")
+    parser.add_argument("--max-concurrency", type=int, default=4, help="of the API (default 4)")
     parser.add_argument("--workers", type=int, default=1, help="server processes for sqlite and redis (default 1)")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="server on CPU 0, wrk on 1")
     args = parser.parse_args()
@@ -306,7 +310,7 @@ def main() -> None:
     retained: tuple[float, int] | None = None
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        project = write_project(root)
+        project = write_project(root, args.max_concurrency)
         script = write_script(root)
         for store in args.stores.split(","):
             workers = 1 if store == "memory" else args.workers
@@ -338,8 +342,8 @@ def main() -> None:
             retained = retained_memory(project, root, args.retained, server_cpu, args.connections)
 
     print(
-        f"modelserve async jobs: trivial sync handler, max_concurrency 4, wrk -c{args.connections} for "
-        f"{args.duration:g} s; cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, "
+        f"modelserve async jobs: trivial sync handler, max_concurrency {args.max_concurrency}, "
+        f"wrk -c{args.connections} for {args.duration:g} s; cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, "
         f"python {sys.version.split()[0]}"
     )
     header = (
