@@ -19,6 +19,11 @@ Every server answers ``{"<output>": [[...]]}`` for a body ``[[...]]`` (one row).
 script) at each concurrency, a few seconds per run, the servers taking turns; every cell is the median over
 the repeats. The ratio is each server's requests/s over bare-inline's.
 
+On a machine that other jobs share, requests/s and latencies swing with their load. The last two columns
+are steadier: the CPU time the server's processes (all of them, for LitServe) spent per request, read from
+/proc before and after each run, and bare-inline's CPU time per request over each server's: the
+throughput ratio one would see on a core of its own.
+
     python benchmarks/onnx_overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin]
 
 ``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1.
@@ -228,6 +233,9 @@ class Run:
     rps: float
     p50_ms: float
     p99_ms: float
+    #: CPU time the server's processes spent per answered request (user + system), in microseconds.
+    cpu_us: float = 0.0
+    requests: int = 0
 
 
 def free_port() -> int:
@@ -322,7 +330,7 @@ def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | Non
     requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
     if bad_status or socket_errors:
         raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000, requests=requests)
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -330,7 +338,24 @@ def median_run(runs: list[Run]) -> Run:
         rps=statistics.median(r.rps for r in runs),
         p50_ms=statistics.median(r.p50_ms for r in runs),
         p99_ms=statistics.median(r.p99_ms for r in runs),
+        cpu_us=statistics.median(r.cpu_us for r in runs),
     )
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def session_cpu_seconds(session: int) -> float:
+    """User + system CPU seconds of every live process of a session (a server and what it started; Linux)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[3]) == session:
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
 
 
 def prepare(root: Path) -> dict[str, str]:
@@ -380,7 +405,9 @@ def main() -> None:
                 for _ in range(args.repeats):
                     for connections in levels:
                         for server in servers:  # the servers take turns, so drift hits them alike
+                            cpu = session_cpu_seconds(server.process.pid)
                             run = wrk(f"{server.url}/{API}", root / f"{model}.lua", connections, args.duration, wrk_cpu)
+                            run.cpu_us = (session_cpu_seconds(server.process.pid) - cpu) / run.requests * 1e6
                             results.setdefault((model, server.name, connections), []).append(run)
             finally:
                 for server in servers:
@@ -392,7 +419,10 @@ def main() -> None:
         f"ONNX serving overhead: wrk {args.duration:g} s x {args.repeats} (median), cpu={os.cpu_count()}, "
         f"pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}, onnxruntime {onnxruntime.__version__}"
     )
-    header = f"{'model':<6}{'conc':>5}  {'server':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+    header = (
+        f"{'model':<6}{'conc':>5}  {'server':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"
+        f"{'cpu us/req':>12}{'cpu ratio':>11}"
+    )
     print(header)
     print("-" * len(header))
     for model in models:
@@ -403,7 +433,7 @@ def main() -> None:
                 label = (model, str(connections)) if i == 0 else ("", "")
                 print(
                     f"{label[0]:<6}{label[1]:>5}  {name:<12}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
-                    f"{run.rps / base.rps:>7.2f}x"
+                    f"{run.rps / base.rps:>7.2f}x{run.cpu_us:>12.0f}{base.cpu_us / run.cpu_us:>10.2f}x"
                 )
 
 
