@@ -306,6 +306,8 @@ def main() -> None:
     pin = pin and args.workers == 1
     server_cpu, client_cpu = ("0", "1") if pin else (None, None)
 
+    # Other processes on the machine skew every figure: the load average is printed with the table.
+    load_before = os.getloadavg()[0]
     rows: list[Row] = []
     retained: tuple[float, int] | None = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -344,7 +346,7 @@ def main() -> None:
     print(
         f"modelserve async jobs: trivial sync handler, max_concurrency {args.max_concurrency}, "
         f"wrk -c{args.connections} for {args.duration:g} s; cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, "
-        f"python {sys.version.split()[0]}"
+        f"python {sys.version.split()[0]}, load average before {load_before:.1f}, after {os.getloadavg()[0]:.1f}"
     )
     header = (
         f"{'store':<12}{'submits/s':>10}{'p50 ms':>8}{'p99 ms':>8}{'jobs':>8}"
