@@ -166,6 +166,24 @@ class Run:
     rps: float
     p50_ms: float
     p99_ms: float
+    requests: int = 0
+    #: CPU time the server's processes (all of them, for LitServe) spent per answered request, in microseconds:
+    #: steadier than req/s on a machine that other work shares.
+    cpu_us: float = 0.0
+
+
+def session_cpu_seconds(session: int) -> float:
+    """User + system CPU seconds of the live processes of a session (a server and what it started; Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session, ...; utime and stime
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
 
 
 def free_port() -> int:
@@ -240,7 +258,7 @@ def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | Non
     requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
     if bad_status or socket_errors:
         raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000, requests=requests)
 
 
 def commands(root: Path, threads: int) -> dict[str, tuple[list[str], Path]]:
@@ -267,11 +285,15 @@ def median_run(runs: list[Run]) -> Run:
         rps=statistics.median(r.rps for r in runs),
         p50_ms=statistics.median(r.p50_ms for r in runs),
         p99_ms=statistics.median(r.p99_ms for r in runs),
+        cpu_us=statistics.median(r.cpu_us for r in runs),
     )
 
 
 def report(results: dict[tuple[str, int], Run], names: list[str], levels: list[int]) -> None:
-    header = f"{'conc':>5}  {'server':<11}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs unbatched':>14}"
+    header = (
+        f"{'conc':>5}  {'server':<11}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs unbatched':>14}"
+        f"{'cpu us/req':>12}{'cpu vs unb.':>13}"
+    )
     print(header)
     print("-" * len(header))
     for connections in levels:
@@ -280,7 +302,7 @@ def report(results: dict[tuple[str, int], Run], names: list[str], levels: list[i
             run = results[(name, connections)]
             print(
                 f"{connections if i == 0 else '':>5}  {name:<11}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
-                f"{run.rps / base.rps:>13.2f}x"
+                f"{run.rps / base.rps:>13.2f}x{run.cpu_us:>12.0f}{base.cpu_us / max(run.cpu_us, 1e-9):>12.2f}x"
             )
     print("\ntargets (issue 9):")
 
@@ -336,9 +358,10 @@ def main() -> None:
                     server.wait_ready()
                     wrk(server.url, script, max(levels), 1.0, wrk_cpu)  # warm up
                     for connections in levels:
-                        runs.setdefault((name, connections), []).append(
-                            wrk(server.url, script, connections, args.duration, wrk_cpu)
-                        )
+                        cpu = session_cpu_seconds(server.process.pid)
+                        run = wrk(server.url, script, connections, args.duration, wrk_cpu)
+                        run.cpu_us = (session_cpu_seconds(server.process.pid) - cpu) / max(run.requests, 1) * 1e6
+                        runs.setdefault((name, connections), []).append(run)
                 finally:
                     server.stop()
 
