@@ -342,7 +342,7 @@ def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
     config.store = problems.take(section, "store", _string, "jobs", config.store)
     config.path = problems.take(section, "path", _string, "jobs", config.path)
     config.prefix = problems.take(section, "prefix", _string, "jobs", config.prefix)
-    if config.store not in ("sqlite", "memory") and not config.store.startswith(("redis://", "rediss://")):
+    if config.store not in ("sqlite", "memory") and not config.store.startswith(("redis://", "rediss://", "unix://")):
         problems.add("jobs", f"key 'store': expected sqlite, memory or a redis:// URL, got {config.store!r}")
     return config
 

@@ -75,6 +75,10 @@ apis:
     kind: async
     handler: {path: handler.py}
     result_ttl: 1
+  - name: limited
+    kind: async
+    handler: {path: handler.py}
+    timeout: 0.3
 """
 
 STORES = ["memory", "sqlite", "redis"]
@@ -304,6 +308,16 @@ def test_cancel_a_running_sync_job_drops_its_result(served: Any) -> None:
     wait_status(server.url, follower, {"completed"}, api="sync")
     final = httpx.get(f"{server.url}/sync/{job_id}").json()
     assert final["status"] == "cancelled" and "result" not in final
+
+
+def test_a_job_longer_than_the_timeout_fails_and_is_cancelled(served: Any) -> None:
+    server, root = served
+    job_id = submit(server.url, {"sleep": 10}, api="limited").json()["id"]
+    failed = wait_status(server.url, job_id, {"failed"}, api="limited")
+    assert failed["error"] == "the job took longer than the timeout of 0.3 s"
+    assert [run[2] for run in runs(root) if run[1] == job_id] == ["start", "cancelled", "end"]
+    quick = submit(server.url, {"sleep": 0.05}, api="limited").json()["id"]
+    assert wait_status(server.url, quick, {"completed"}, api="limited")["result"]["payload"] == {"sleep": 0.05}
 
 
 def test_a_full_queue_answers_503(served: Any) -> None:

@@ -124,8 +124,8 @@ class JobStore:
         """Commit a new queued job; `DuplicateJob` when its id is taken, `JobQueueFull` beyond `max_queued`."""
         raise NotImplementedError
 
-    async def claim(self, api: str, owner: str) -> ClaimedJob | None:
-        """Take the oldest queued job of `api` for `owner` (now in_progress, leased), or None."""
+    async def claim(self, api: str, owner: str, limit: int = 1) -> list[ClaimedJob]:
+        """Take up to `limit` of the oldest queued jobs of `api` for `owner` (now in_progress, leased)."""
         raise NotImplementedError
 
     async def finish(

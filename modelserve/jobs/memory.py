@@ -63,17 +63,18 @@ class MemoryStore(JobStore):
         table[job.id] = record
         queue.append(record)
 
-    async def claim(self, api: str, owner: str) -> ClaimedJob | None:
+    async def claim(self, api: str, owner: str, limit: int = 1) -> list[ClaimedJob]:
         self._table(api)
         queue = self._queues[api]
-        if not queue:
-            return None
-        record = queue.popleft()
-        record.status = IN_PROGRESS
-        record.owner = owner
-        record.attempts += 1
-        assert record.payload is not None
-        return ClaimedJob(api, record.id, record.kind, record.payload, record.attempts)
+        claimed: list[ClaimedJob] = []
+        while queue and len(claimed) < limit:
+            record = queue.popleft()
+            record.status = IN_PROGRESS
+            record.owner = owner
+            record.attempts += 1
+            assert record.payload is not None
+            claimed.append(ClaimedJob(api, record.id, record.kind, record.payload, record.attempts))
+        return claimed
 
     def _end(self, api: str, record: _Record, status: str, ttl: float) -> None:
         record.status = status

@@ -38,18 +38,20 @@ return 'ok'
 """
 
 CLAIM = """
-while true do
+local claimed = {}
+while #claimed < tonumber(ARGV[4]) do
   local id = redis.call('LPOP', KEYS[1])
-  if not id then return false end
+  if not id then break end
   local key = ARGV[1] .. id
   if redis.call('HGET', key, 'status') == 'in_queue' then
     local attempts = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'status', 'in_progress', 'owner', ARGV[2])
     redis.call('ZADD', KEYS[2], ARGV[3], id)
     local fields = redis.call('HMGET', key, 'kind', 'payload')
-    return {id, fields[1], fields[2], attempts}
+    table.insert(claimed, {id, fields[1], fields[2], attempts})
   end
 end
+return claimed
 """
 
 FINISH = """
@@ -218,15 +220,15 @@ class RedisStore(JobStore):
         if answer == b"full":
             raise JobQueueFull(max_queued)
 
-    async def claim(self, api: str, owner: str) -> ClaimedJob | None:
-        row = await self._scripts["claim"](
+    async def claim(self, api: str, owner: str, limit: int = 1) -> list[ClaimedJob]:
+        rows = await self._scripts["claim"](
             keys=[self._queue(api), self._running(api)],
-            args=[self._jobs(api), owner, now() + LEASE_SECONDS],
+            args=[self._jobs(api), owner, now() + LEASE_SECONDS, limit],
         )
-        if row is None:
-            return None
-        job_id, kind, payload, attempts = row
-        return ClaimedJob(api, job_id.decode(), kind.decode(), payload, int(attempts))
+        return [
+            ClaimedJob(api, job_id.decode(), kind.decode(), payload, int(attempts))
+            for job_id, kind, payload, attempts in rows
+        ]
 
     async def finish(
         self, api: str, job_id: str, owner: str, status: str, result: bytes | None, error: str | None, ttl: float

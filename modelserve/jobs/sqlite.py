@@ -53,7 +53,28 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (api, status, seq);
 CREATE INDEX IF NOT EXISTS jobs_by_expiry ON jobs (expires_at) WHERE expires_at IS NOT NULL;
+-- Queued jobs per API, kept by triggers: every submit checks max_queue_length, and COUNT(*) over the queue
+-- would cost time proportional to the backlog.
+CREATE TABLE IF NOT EXISTS queue_counts (api TEXT PRIMARY KEY, queued INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS queue_in AFTER INSERT ON jobs WHEN NEW.status = 'in_queue' BEGIN
+    INSERT INTO queue_counts (api, queued) VALUES (NEW.api, 1)
+        ON CONFLICT (api) DO UPDATE SET queued = queued + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS queue_back AFTER UPDATE OF status ON jobs
+        WHEN OLD.status != 'in_queue' AND NEW.status = 'in_queue' BEGIN
+    INSERT INTO queue_counts (api, queued) VALUES (NEW.api, 1)
+        ON CONFLICT (api) DO UPDATE SET queued = queued + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS queue_out AFTER UPDATE OF status ON jobs
+        WHEN OLD.status = 'in_queue' AND NEW.status != 'in_queue' BEGIN
+    UPDATE queue_counts SET queued = queued - 1 WHERE api = OLD.api;
+END;
+CREATE TRIGGER IF NOT EXISTS queue_gone AFTER DELETE ON jobs WHEN OLD.status = 'in_queue' BEGIN
+    UPDATE queue_counts SET queued = queued - 1 WHERE api = OLD.api;
+END;
 """
+
+COUNT_QUEUED = "SELECT queued FROM queue_counts WHERE api = ?"
 
 
 class SQLiteStore(JobStore):
@@ -163,10 +184,8 @@ class SQLiteStore(JobStore):
 
     async def submit(self, job: NewJob, max_queued: int) -> None:
         def insert(db: sqlite3.Connection) -> None:
-            (waiting,) = db.execute(
-                "SELECT COUNT(*) FROM jobs WHERE api = ? AND status = ?", (job.api, IN_QUEUE)
-            ).fetchone()
-            if waiting >= max_queued:
+            row = db.execute(COUNT_QUEUED, (job.api,)).fetchone()
+            if row is not None and row[0] >= max_queued:
                 raise JobQueueFull(max_queued)
             try:
                 db.execute(
@@ -178,17 +197,16 @@ class SQLiteStore(JobStore):
 
         await self._write(insert)
 
-    async def claim(self, api: str, owner: str) -> ClaimedJob | None:
-        def take(db: sqlite3.Connection) -> ClaimedJob | None:
-            row = db.execute(
+    async def claim(self, api: str, owner: str, limit: int = 1) -> list[ClaimedJob]:
+        def take(db: sqlite3.Connection) -> list[ClaimedJob]:
+            rows = db.execute(
                 "UPDATE jobs SET status = ?, owner = ?, lease_until = ?, attempts = attempts + 1 "
-                "WHERE seq = (SELECT seq FROM jobs WHERE api = ? AND status = ? ORDER BY seq LIMIT 1) "
-                "RETURNING id, kind, payload, attempts",
-                (IN_PROGRESS, owner, now() + LEASE_SECONDS, api, IN_QUEUE),
-            ).fetchone()
-            if row is None:
-                return None
-            return ClaimedJob(api, row[0], row[1], row[2], row[3])
+                "WHERE seq IN (SELECT seq FROM jobs WHERE api = ? AND status = ? ORDER BY seq LIMIT ?) "
+                "RETURNING seq, id, kind, payload, attempts",
+                (IN_PROGRESS, owner, now() + LEASE_SECONDS, api, IN_QUEUE, limit),
+            ).fetchall()
+            rows.sort()
+            return [ClaimedJob(api, row[1], row[2], row[3], row[4]) for row in rows]
 
         return await self._write(take)
 
@@ -293,9 +311,7 @@ class SQLiteStore(JobStore):
     async def queued(self, api: str) -> int:
         def count() -> int:
             assert self._db is not None
-            (waiting,) = self._db.execute(
-                "SELECT COUNT(*) FROM jobs WHERE api = ? AND status = ?", (api, IN_QUEUE)
-            ).fetchone()
-            return int(waiting)
+            row = self._db.execute(COUNT_QUEUED, (api,)).fetchone()
+            return int(row[0]) if row is not None else 0
 
         return await self._run(count)

@@ -41,6 +41,10 @@ def decode_stored(kind: str, payload: bytes) -> Any:
     return payload
 
 
+class JobTimedOut(Exception):
+    """A job ran longer than its API's `timeout`."""
+
+
 class _Running:
     __slots__ = ("task", "ctx")
 
@@ -85,14 +89,15 @@ class JobWorker:
             self._wake.clear()
             while self.busy < limit and not self._stopping:
                 try:
-                    job = await store.claim(self.name, self.owner)
+                    jobs = await store.claim(self.name, self.owner, limit - self.busy)
                 except Exception:
                     logger.exception("api '%s': could not claim a job from the %s", self.name, store.description)
                     await asyncio.sleep(1)
                     break
-                if job is None:
+                for job in jobs:
+                    self._start(job)
+                if not jobs:
                     break
-                self._start(job)
             try:
                 await asyncio.wait_for(self._wake.wait(), store.poll_interval)
             except asyncio.TimeoutError:
@@ -116,7 +121,7 @@ class JobWorker:
         status, result, error = FAILED, None, None
         try:
             payload = decode_stored(job.kind, job.payload)
-            value = await self.api.backend.run_job(payload, job.id, ctx)
+            value = await self._call(payload, job.id, ctx)
             try:
                 result = encode_json(value)
                 status = COMPLETED
@@ -130,6 +135,9 @@ class JobWorker:
                 raise
             logger.info("api '%s': job %s cancelled", self.name, job.id)
             return
+        except JobTimedOut as exc:
+            error = str(exc)
+            logger.warning("api '%s': job %s %s", self.name, job.id, error)
         except StageFailed as exc:
             error = f"{exc.stage} raised {type(exc.error).__name__}: {exc.error}"
             logger.error("api '%s': job %s failed: %s", self.name, job.id, error, exc_info=exc.error)
@@ -144,6 +152,27 @@ class JobWorker:
             if ctx.leave():
                 self._release()
         await self._record(job, status, result, error, time.perf_counter() - started)
+
+    async def _call(self, payload: Any, job_id: str, ctx: RequestContext) -> Any:
+        """The backend's run of one job, cancelled like a realtime request after the API's `timeout`."""
+        timeout = self.api.config.timeout
+        run = self.api.backend.run_job(payload, job_id, ctx)
+        if timeout is None:
+            return await run
+        task = asyncio.ensure_future(run)
+        try:
+            done, _ = await asyncio.wait([task], timeout=timeout)
+        except asyncio.CancelledError:  # cancelled by DELETE or shutdown: pass it on to the handler
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        if done:
+            return task.result()
+        ctx.cancel("timeout")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        self.api.metrics.cancelled("timeout")
+        raise JobTimedOut(f"the job took longer than the timeout of {timeout} s")
 
     async def _record(self, job: ClaimedJob, status: str, result: bytes | None, error: str | None, took: float) -> None:
         try:
@@ -192,6 +221,8 @@ class JobWorker:
                 if moment - last_sweep >= SWEEP_SECONDS:
                     last_sweep = moment
                     requeued, failed = await store.recover(self.name, self.api.config.result_ttl)
+                    for _ in range(failed):
+                        self.api.metrics.job(FAILED)
                     if requeued or failed:
                         logger.warning(
                             "api '%s': %d job(s) of a stopped process put back in the queue, %d failed "
