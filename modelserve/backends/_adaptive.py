@@ -6,9 +6,10 @@ the same route calling it inline. But a call that runs inline blocks the event l
 request of the server (``/healthz`` too), for as long as it runs.
 
 `Adaptive` keeps an estimate of a call's run time (an exponentially weighted moving average, updated after
-every call wherever it ran) and runs the call inline while the estimate, scaled up for inputs larger than
-usual, stays under a threshold (``inline_threshold_ms``, 1 ms by default); otherwise in a worker thread.
-A call never measured goes to a thread. A threshold of 0 sends every call to a thread.
+every call wherever it ran, each measure clipped to `CLIP` times the estimate so that one call slowed by a
+busy machine does not flip the decision) and runs the call inline while the estimate, scaled up for inputs
+larger than usual, stays under a threshold (``inline_threshold_ms``, 1 ms by default); otherwise in a
+worker thread. A call never measured goes to a thread. A threshold of 0 sends every call to a thread.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ logger = logging.getLogger("modelserve")
 
 #: Weight of the newest measure in the moving averages.
 ALPHA = 0.2
+#: A measure counts for at most this many times the estimate: one call slowed by the machine (the process
+#: descheduled, a garbage collection) does not send the next calls to a thread, while a model that really
+#: became slower crosses the threshold within a few calls (the estimate grows up to 1.6x per call).
+CLIP = 4.0
 #: An inline call this much slower than the threshold (and at least `BLOCKED_LOG_S`) is logged.
 BLOCKED_FACTOR = 20
 BLOCKED_LOG_S = 0.05
@@ -71,7 +76,10 @@ class Adaptive:
     def record(self, seconds: float, size: float = 1.0) -> None:
         # Also called from worker threads: a lost update between two racing calls is harmless.
         estimate = self.estimate
-        self.estimate = seconds if estimate is None else estimate + ALPHA * (seconds - estimate)
+        if estimate is None:
+            self.estimate = seconds
+        else:
+            self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
         self.usual_size += ALPHA * (max(float(size), 1.0) - self.usual_size)
 
     async def call(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
