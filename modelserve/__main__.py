@@ -1,3 +1,3 @@
-from modelserve.cli import main
+from modelserve.cli import run
 
-raise SystemExit(main())
+run()

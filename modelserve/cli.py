@@ -261,3 +261,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("modelserve: error: a worker failed to load the project; see the log above", file=sys.stderr)
         return EXIT_LOAD
     return EXIT_OK
+
+
+def run() -> None:
+    """Entry point of ``python -m modelserve`` and the ``modelserve`` command: `main`, then exit.
+
+    A sync stage cannot be interrupted. When one is still running once the grace period of a shutdown has
+    passed, the interpreter would wait for its thread before exiting; the process exits now instead (the
+    request it served was already answered or abandoned, and its async job put back in a durable queue).
+    """
+    import threading
+
+    code = main()
+    stuck = [
+        thread
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and thread.is_alive() and not thread.daemon
+    ]
+    if stuck:
+        logging.getLogger("modelserve").warning(
+            "%d thread(s) still running user code after the shutdown; exiting without waiting for them", len(stuck)
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,84 @@
+"""Shutdown after the grace period: a sync stage still running does not keep the process alive."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.conftest import write_project
+
+SLOW_SYNC = """
+import time
+
+class Model:
+    def predict(self, inputs):
+        time.sleep(30)
+        return "late"
+
+class Handler:
+    def handle_async(self, payload, request_id):
+        with open("runs.log", "a") as log:
+            log.write(request_id + "\\n")
+        time.sleep(payload["sleep"])
+        return {"slept": payload["sleep"]}
+"""
+
+
+def test_a_stuck_sync_stage_does_not_outlive_the_grace_period(tmp_path: Path, start_server: Any) -> None:
+    root = write_project(tmp_path, {"model.py": SLOW_SYNC})
+    server = start_server(root, "--graceful-timeout", "1")
+    server.wait_ready()
+    answers: list[Any] = []
+
+    def call() -> None:
+        try:
+            answers.append(httpx.post(server.url, content=b"x", timeout=60).status_code)
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    asked = time.monotonic()
+    assert server.stop() == 0
+    assert time.monotonic() - asked < 10
+    assert "still running user code after the shutdown; exiting without waiting" in server.log
+    caller.join(10)
+
+
+def test_a_sync_job_interrupted_by_shutdown_runs_again_at_the_next_start(tmp_path: Path, start_server: Any) -> None:
+    root = write_project(
+        tmp_path,
+        {
+            "model.py": SLOW_SYNC,
+            "modelserve.yaml": """
+                apis:
+                  - name: slow
+                    kind: async
+                    handler: {path: model.py}
+            """,
+        },
+    )
+    first = start_server(root, "--graceful-timeout", "1")
+    first.wait_ready()
+    job_id = httpx.post(f"{first.url}/slow", json={"sleep": 30}).json()["id"]
+    deadline = time.monotonic() + 10
+    while not (root / "runs.log").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    asked = time.monotonic()
+    assert first.stop() == 0
+    assert time.monotonic() - asked < 10
+    assert "interrupting them" in first.log
+    second = start_server(root)
+    second.wait_ready()
+    while (root / "runs.log").read_text().split() != [job_id, job_id]:
+        assert time.monotonic() < deadline + 20, (root / "runs.log").read_text()
+        time.sleep(0.05)
+    status = httpx.get(f"{second.url}/slow/{job_id}").json()["status"]
+    assert status == "in_progress"
+    httpx.delete(f"{second.url}/slow/{job_id}")
