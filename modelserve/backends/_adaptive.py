@@ -15,8 +15,8 @@ worker thread. A call never measured goes to a thread. A threshold of 0 sends ev
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 from modelserve.context import current
@@ -83,25 +83,30 @@ class Adaptive:
         self.usual_size += ALPHA * (max(float(size), 1.0) - self.usual_size)
 
     async def call(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
-        if self.predicted(size) < self.threshold:
-            self.inline_calls += 1
-            started = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                seconds = time.perf_counter() - started
-                self.record(seconds, size)
-                if seconds > BLOCKED_LOG_S and seconds > BLOCKED_FACTOR * self.threshold:
-                    self._blocked(seconds)
+        # `inline` and `record`, written out: this runs on every request, where each method call counts.
+        estimate = self.estimate
+        if estimate is not None:
+            usual = self.usual_size
+            if (estimate * (size / usual) if size > usual else estimate) < self.threshold:
+                self.inline_calls += 1
+                started = perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    seconds = perf_counter() - started
+                    self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
+                    self.usual_size = usual + ALPHA * ((size if size > 1.0 else 1.0) - usual)
+                    if seconds > BLOCKED_LOG_S and seconds > BLOCKED_FACTOR * self.threshold:
+                        self._blocked(seconds)
         self.thread_calls += 1
         return await run_in_thread(self._timed, fn, args, size, ctx=current.get())
 
     def _timed(self, fn: Callable[..., Any], args: tuple[Any, ...], size: float) -> Any:
-        started = time.perf_counter()
+        started = perf_counter()
         try:
             return fn(*args)
         finally:
-            self.record(time.perf_counter() - started, size)
+            self.record(perf_counter() - started, size)
 
     def _blocked(self, seconds: float) -> None:
         if self._warned:
