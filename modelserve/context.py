@@ -8,22 +8,26 @@ threads that run sync stages (anyio copies the context into them). Log records r
 from __future__ import annotations
 
 import contextvars
-import os
 import re
 import threading
 from collections.abc import Callable
+from random import getrandbits
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 
 
 def new_request_id() -> str:
-    """A random uuid4 as 32 hex digits (the same as ``uuid.uuid4().hex``, without building a UUID)."""
-    digits = os.urandom(16).hex()
-    return f"{digits[:12]}4{digits[13:16]}{_VARIANT[digits[16]]}{digits[17:]}"
+    """A random uuid4 as 32 hex digits (the same format as ``uuid.uuid4().hex``).
+
+    Request ids need to be unique, not unpredictable: `random.getrandbits` (seeded from the OS, reseeded in
+    forked workers) costs half of ``os.urandom``'s system call on every request.
+    """
+    return "%032x" % ((getrandbits(128) & _CLEAR) | _UUID4_BITS)
 
 
-# The variant digit of a uuid4 is 8, 9, a or b: keep the two low bits of the random digit.
-_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
+# Version 4 in bits 76-79, variant 0b10 in bits 62-63 (RFC 4122).
+_CLEAR = ~((0xF << 76) | (0x3 << 62))
+_UUID4_BITS = (0x4 << 76) | (0x2 << 62)
 
 
 def sane_request_id(candidate: str | None) -> str:
