@@ -491,3 +491,28 @@ def test_the_example_model_is_what_its_build_script_writes(tmp_path: Path) -> No
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "model.onnx").read_bytes() == (EXAMPLE / "model.onnx").read_bytes()
+
+
+def test_unavailable_providers_are_skipped_and_none_available_fails_the_load(tmp_path: Path) -> None:
+    iris_onnx(tmp_path / "iris.onnx")
+    write_project(
+        tmp_path,
+        {
+            "modelserve.yaml": """
+                apis:
+                  - name: fallback
+                    model: {path: iris.onnx, providers: [NoSuchExecutionProvider, CPUExecutionProvider]}
+                  - name: none
+                    model: {path: iris.onnx, providers: [NoSuchExecutionProvider]}
+            """
+        },
+    )
+    errors: list[modelserve.LoadError] = []
+    app = modelserve.create_app(tmp_path, on_load_error=errors.append)
+    with TestClient(app) as client:
+        client.portal.call(app.server.wait_loaded)
+        assert client.get("/fallback").json()["model"]["providers"] == ["CPUExecutionProvider"]
+        assert client.get("/readyz").json()["apis"] == {"fallback": "ready", "none": "failed"}
+    assert len(errors) == 1
+    assert "none of the execution providers ['NoSuchExecutionProvider'] is available" in str(errors[0])
+    assert "CPUExecutionProvider" in str(errors[0])
