@@ -454,7 +454,7 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
     assert len(latencies) >= 10
     # ... and /healthz stayed quick meanwhile (a call on the event loop would hold it for 200 ms; the margin is
     # for a busy 2-core machine, where the model's thread competes with the loop for a core)
-    assert max(latencies) < 0.08 and sorted(latencies)[len(latencies) // 2] < 0.02, latencies
+    assert max(latencies) < 0.1 and sorted(latencies)[len(latencies) // 2] < 0.02, latencies
     assert [answer.json() for answer in answers[6:]] == [{"most": 1}] * 8
 
 
