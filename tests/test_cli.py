@@ -410,7 +410,7 @@ def test_a_mounted_app_under_uvicorn(tmp_path: Path) -> None:
         cwd=str(REPO),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**{k: v for k, v in os.environ.items() if k != "MODELSERVE_URL"}, "PYTHONPATH": str(REPO)},
     )
     try:
         deadline = time.monotonic() + 30

@@ -47,7 +47,9 @@ def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     """create_app changes the working directory, sys.path and MODELSERVE_URL: undo that after each test."""
     monkeypatch.chdir(os.getcwd())
     monkeypatch.syspath_prepend(os.getcwd())
-    monkeypatch.delenv("MODELSERVE_URL", raising=False)
+    # setenv first, so that undo removes what create_app sets even when the variable did not exist.
+    monkeypatch.setenv("MODELSERVE_URL", "unset")
+    monkeypatch.delenv("MODELSERVE_URL")
 
 
 @pytest.fixture
@@ -621,7 +623,8 @@ def env_project(tmp_path: Path) -> Path:
 async def test_dotenv_is_loaded_without_overriding_and_files_open_by_relative_path(
     tmp_path: Path, client_of: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("MS_TEST_FROM_FILE", raising=False)
+    monkeypatch.setenv("MS_TEST_FROM_FILE", "unset")  # then undo removes what the .env file sets
+    monkeypatch.delenv("MS_TEST_FROM_FILE")
     monkeypatch.setenv("MS_TEST_BOTH", "from-environment")
     root = env_project(tmp_path)
     monkeypatch.chdir(tmp_path)  # anywhere but the project
