@@ -450,12 +450,12 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
 
     latencies, slow_times, answers = asyncio.run(scenario())
     assert all(answer.status_code == 200 for answer in answers), [a.text for a in answers]
-    assert min(slow_times) >= 0.15  # the slow calls really were slow ...
-    assert len(latencies) >= 10
+    assert min(slow_times) >= 0.1, slow_times  # the slow calls really were slow (calibrated to 200 ms) ...
+    assert len(latencies) >= 10, latencies
     # ... and /healthz stayed quick meanwhile (a call on the event loop would hold it for 200 ms; the margin is
     # for a busy 2-core machine, where the model's thread competes with the loop for a core)
     assert max(latencies) < 0.1 and sorted(latencies)[len(latencies) // 2] < 0.02, latencies
-    assert [answer.json() for answer in answers[6:]] == [{"most": 1}] * 8
+    assert [answer.json() for answer in answers[6:]] == [{"most": 1}] * 8, server.log
 
 
 # ------------------------------------------------------------------------------------------------
