@@ -25,22 +25,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import re
 import shutil
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
+from _harness import Run, ServerProcess, measure, median_run, write_wrk_script, wrk
 
-REPO = Path(__file__).resolve().parent.parent
 WIDTH, LAYERS, CLASSES = 1024, 4, 10
 
 LITSERVE = """
@@ -78,18 +73,6 @@ if __name__ == "__main__":
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)
     server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False,
                access_log=False)
-"""
-
-LUA = """
-wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["Content-Type"] = "application/json"
-
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
-    latency:percentile(50), latency:percentile(99), e.status, e.connect + e.read + e.write + e.timeout))
-end
 """
 
 
@@ -161,106 +144,6 @@ def project_yaml(batching: str | None, threads: int) -> str:
     return textwrap.dedent(text).lstrip()
 
 
-@dataclass
-class Run:
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    requests: int = 0
-    #: CPU time the server's processes (all of them, for LitServe) spent per answered request, in microseconds:
-    #: steadier than req/s on a machine that other work shares.
-    cpu_us: float = 0.0
-
-
-def session_cpu_seconds(session: int) -> float:
-    """User + system CPU seconds of the live processes of a session (a server and what it started; Linux)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session, ...; utime and stime
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """One server on a free loopback port; `command` gets the port as its last argument or after --port."""
-
-    def __init__(self, name: str, command: list[str], cwd: Path, pin: str | None, payload: str) -> None:
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mlp"
-        self.payload = payload
-        prefix = ["taskset", "-c", pin] if pin else []
-        command = [part.replace("{port}", str(self.port)) for part in command]
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen(
-            [*prefix, *command],
-            cwd=cwd,
-            env={**os.environ, "PYTHONPATH": path},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # LitServe starts child processes: stop them with it
-        )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{stderr}")
-            try:
-                answer = httpx.post(self.url, content=self.payload, headers={"content-type": "application/json"})
-                if answer.status_code == 200:
-                    assert len(answer.json()["logits"][0]) == CLASSES, answer.text
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not answer within 120 s")
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, 15)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # whatever is left of the group (LitServe's worker processes outlive its main process)
-            os.killpg(self.process.pid, 9)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-
-_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
-
-
-def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
-    prefix = ["taskset", "-c", pin] if pin else []
-    command = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
-    command += ["-s", str(script), url]
-    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
-    match = _RESULT.search(output)
-    if match is None:
-        raise RuntimeError(f"wrk printed no result:\n{output}")
-    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
-    if bad_status or socket_errors:
-        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000, requests=requests)
-
-
 def commands(root: Path, threads: int) -> dict[str, tuple[list[str], Path]]:
     modelserve = [sys.executable, "-m", "modelserve"]
     flags = ["--port", "{port}", "--no-access-log", "--log-level", "warning"]
@@ -278,15 +161,6 @@ def commands(root: Path, threads: int) -> dict[str, tuple[list[str], Path]]:
         (root / "lit.py").write_text(textwrap.dedent(LITSERVE).lstrip())
         servers["litserve"] = ([sys.executable, "lit.py", "{port}", str(root / "mlp.onnx"), str(threads)], root)
     return servers
-
-
-def median_run(runs: list[Run]) -> Run:
-    return Run(
-        rps=statistics.median(r.rps for r in runs),
-        p50_ms=statistics.median(r.p50_ms for r in runs),
-        p99_ms=statistics.median(r.p99_ms for r in runs),
-        cpu_us=statistics.median(r.cpu_us for r in runs),
-    )
 
 
 def report(results: dict[tuple[str, int], Run], names: list[str], levels: list[int]) -> None:
@@ -325,6 +199,14 @@ def report(results: dict[tuple[str, int], Run], names: list[str], levels: list[i
         print("  litserve is not installed (pip install litserve): its comparison is skipped")
 
 
+def answers_logits(url: str, payload: str) -> bool:
+    answer = httpx.post(url + "/mlp", content=payload, headers={"content-type": "application/json"}, timeout=5)
+    if answer.status_code != 200:
+        return False
+    assert len(answer.json()["logits"][0]) == CLASSES, answer.text
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run (default 5)")
@@ -347,20 +229,19 @@ def main() -> None:
         alone = model_alone(root / "mlp.onnx", args.threads)
         payload = body()
         script = root / "post.lua"
-        script.write_text(LUA % payload)
+        write_wrk_script(script, payload)
         servers = commands(root, args.threads)
         if args.servers:
             servers = {name: servers[name] for name in args.servers.split(",")}
         for _ in range(args.repeats):
             for name, (command, cwd) in servers.items():  # one server at a time: an idle one costs nothing
-                server = ServerProcess(name, command, cwd, server_cpu, payload)
+                server = ServerProcess(name, command, cwd, server_cpu)
+                url = server.url + "/mlp"
                 try:
-                    server.wait_ready()
-                    wrk(server.url, script, max(levels), 1.0, wrk_cpu)  # warm up
+                    server.wait_ready(lambda base: answers_logits(base, payload))
+                    wrk(url, script, max(levels), 1.0, wrk_cpu)  # warm up
                     for connections in levels:
-                        cpu = session_cpu_seconds(server.process.pid)
-                        run = wrk(server.url, script, connections, args.duration, wrk_cpu)
-                        run.cpu_us = (session_cpu_seconds(server.process.pid) - cpu) / max(run.requests, 1) * 1e6
+                        run = measure(server, url, script, connections, args.duration, wrk_cpu)
                         runs.setdefault((name, connections), []).append(run)
                 finally:
                     server.stop()

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+from _harness import free_port
 
 MODEL = """
 import asyncio, time
@@ -78,12 +79,6 @@ class Model:
 """
 
 CASES = ["async_predict", "async_stream", "sync_stream", "sync_stage"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(project: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from _harness import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
@@ -101,12 +102,6 @@ class Row:
     drain: float | None = None
     jobs: int = 0
     note: str = ""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_kib(pid: int) -> int:

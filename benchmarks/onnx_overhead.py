@@ -34,25 +34,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import re
 import shutil
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import onnx
+from _harness import Run, ServerProcess, measure, median_run, write_wrk_script, wrk
 from onnx import TensorProto, helper, numpy_helper
 
-REPO = Path(__file__).resolve().parent.parent
 API = "predict"
 
 # ------------------------------------------------------------------------------------------------
@@ -215,87 +208,6 @@ apis:
     model: {path: model.onnx, intra_op_threads: 1, inter_op_threads: 1}
 """
 
-LUA = """
-wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["Content-Type"] = "application/json"
-
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
-    latency:percentile(50), latency:percentile(99), e.status, e.connect + e.read + e.write + e.timeout))
-end
-"""
-
-
-@dataclass
-class Run:
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    #: CPU time the server's processes spent per answered request (user + system), in microseconds.
-    cpu_us: float = 0.0
-    requests: int = 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    def __init__(self, name: str, model: str, command: list[str], cwd: Path, body: str, pin: str | None) -> None:
-        self.name, self.model, self.body = name, model, body
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        prefix = ["taskset", "-c", pin] if pin else []
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        self.log = open(cwd / f"{name}-{model}.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [*prefix, *[part.replace("{port}", str(self.port)) for part in command]],
-            cwd=cwd,
-            env={**os.environ, "PYTHONPATH": path},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # LitServe starts processes of its own: stop() ends the whole group
-        )
-
-    def wait_ready(self) -> np.ndarray:
-        deadline = time.monotonic() + 120
-        headers = {"content-type": "application/json"}
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                log = Path(self.log.name).read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{self.name} ({self.model}) exited with {self.process.returncode}:\n{log}")
-            try:
-                answer = httpx.post(f"{self.url}/{API}", content=self.body, headers=headers, timeout=5)
-                if answer.status_code == 200:
-                    (values,) = answer.json().values()
-                    return np.asarray(values)
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} ({self.model}) did not answer within 120 s")
-
-    def stop(self) -> None:
-        group = self.process.pid  # the process leads its own session and group
-        self._signal(group, signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
-        self._signal(group, signal.SIGKILL)  # whatever of the group is left
-        self.process.wait()
-        self.log.close()
-
-    @staticmethod
-    def _signal(group: int, sig: int) -> None:
-        try:
-            os.killpg(group, sig)
-        except ProcessLookupError:
-            pass
-
 
 def server_commands(root: Path, model: str) -> dict[str, list[str]]:
     project = root / model
@@ -316,48 +228,6 @@ def server_commands(root: Path, model: str) -> dict[str, list[str]]:
     return commands
 
 
-_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
-
-
-def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
-    prefix = ["taskset", "-c", pin] if pin else []
-    command = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
-    command += ["-s", str(script), url]
-    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
-    match = _RESULT.search(output)
-    if match is None:
-        raise RuntimeError(f"wrk printed no result:\n{output}")
-    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
-    if bad_status or socket_errors:
-        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000, requests=requests)
-
-
-def median_run(runs: list[Run]) -> Run:
-    return Run(
-        rps=statistics.median(r.rps for r in runs),
-        p50_ms=statistics.median(r.p50_ms for r in runs),
-        p99_ms=statistics.median(r.p99_ms for r in runs),
-        cpu_us=statistics.median(r.cpu_us for r in runs),
-    )
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def session_cpu_seconds(session: int) -> float:
-    """User + system CPU seconds of every live process of a session (a server and what it started; Linux)."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        if int(fields[3]) == session:
-            total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
-
-
 def prepare(root: Path) -> dict[str, str]:
     (root / "servers.py").write_text(textwrap.dedent(SERVERS).lstrip())
     texts = bodies()
@@ -365,8 +235,24 @@ def prepare(root: Path) -> dict[str, str]:
         (root / model).mkdir()
         build(root / model / "model.onnx")
         (root / model / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
-        (root / f"{model}.lua").write_text(LUA % texts[model])
+        write_wrk_script(root / f"{model}.lua", texts[model])
     return texts
+
+
+def answer_of(server: ServerProcess, body: str) -> np.ndarray:
+    """Wait until the server answers `body`; its answer (the model's single output) as an array."""
+    answers: list[np.ndarray] = []
+
+    def probe(url: str) -> bool:
+        answer = httpx.post(f"{url}/{API}", content=body, headers={"content-type": "application/json"}, timeout=5)
+        if answer.status_code != 200:
+            return False
+        (values,) = answer.json().values()
+        answers.append(np.asarray(values))
+        return True
+
+    server.wait_ready(probe)
+    return answers[0]
 
 
 def main() -> None:
@@ -393,11 +279,11 @@ def main() -> None:
             commands = server_commands(root, model)
             names[model] = list(commands)
             servers = [
-                ServerProcess(name, model, command, root, texts[model], server_cpu)
+                ServerProcess(name, command, root, server_cpu, log=root / f"{name}-{model}.log")
                 for name, command in commands.items()
             ]
             try:
-                answers = {server.name: server.wait_ready() for server in servers}
+                answers = {server.name: answer_of(server, texts[model]) for server in servers}
                 for name, answer in answers.items():  # the same work: the same answer
                     np.testing.assert_allclose(answer, answers["bare-inline"], rtol=1e-4, atol=1e-6, err_msg=name)
                 for server in servers:
@@ -405,9 +291,8 @@ def main() -> None:
                 for _ in range(args.repeats):
                     for connections in levels:
                         for server in servers:  # the servers take turns, so drift hits them alike
-                            cpu = session_cpu_seconds(server.process.pid)
-                            run = wrk(f"{server.url}/{API}", root / f"{model}.lua", connections, args.duration, wrk_cpu)
-                            run.cpu_us = (session_cpu_seconds(server.process.pid) - cpu) / run.requests * 1e6
+                            url, script = f"{server.url}/{API}", root / f"{model}.lua"
+                            run = measure(server, url, script, connections, args.duration, wrk_cpu)
                             results.setdefault((model, server.name, connections), []).append(run)
             finally:
                 for server in servers:

@@ -22,21 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from _harness import Run, ServerProcess, measure, median_run, write_wrk_script, wrk
 
-REPO = Path(__file__).resolve().parent.parent
 BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
 
 MS_ASYNC = """
@@ -89,34 +83,6 @@ async_app = Starlette(routes=[Route("/echo", echo_async, methods=["POST"])])
 sync_app = Starlette(routes=[Route("/echo", echo_sync, methods=["POST"])])
 """
 
-LUA = """
-wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["Content-Type"] = "application/json"
-
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
-    latency:percentile(50), latency:percentile(99), e.status, e.connect + e.read + e.write + e.timeout))
-end
-"""
-
-
-@dataclass
-class Run:
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    #: CPU time the server process spent per request (user + system); steadier than req/s on a busy machine.
-    cpu_us: float = 0.0
-    requests: int = 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def uvicorn_settings() -> list[str]:
     try:
@@ -128,54 +94,6 @@ def uvicorn_settings() -> list[str]:
     return ["--http", "httptools", "--loop", loop, "--no-access-log", "--log-level", "warning"]
 
 
-class ServerProcess:
-    def __init__(self, name: str, command: list[str], cwd: Path, pin: str | None) -> None:
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        prefix = ["taskset", "-c", pin] if pin else []
-        # The repository first on the path, so that a checkout runs without being installed.
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen(
-            [*prefix, *command, "--port", str(self.port)],
-            cwd=cwd,
-            env={**os.environ, "PYTHONPATH": path},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{stderr}")
-            try:
-                answer = httpx.post(self.url + "/echo", content=BODY, headers={"content-type": "application/json"})
-                if answer.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not answer within 60 s")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process so far (Linux /proc; 0 elsewhere)."""
-        try:
-            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 def write_servers(root: Path) -> None:
     for name, model in (("ms_async", MS_ASYNC), ("ms_sync", MS_SYNC)):
         project = root / name
@@ -183,7 +101,7 @@ def write_servers(root: Path) -> None:
         (project / "model.py").write_text(textwrap.dedent(model).lstrip())
         (project / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
     (root / "bare.py").write_text(textwrap.dedent(BARE).lstrip())
-    (root / "post.lua").write_text(LUA % BODY)
+    write_wrk_script(root / "post.lua", BODY)
 
 
 def commands(root: Path) -> dict[str, list[str]]:
@@ -200,47 +118,9 @@ def commands(root: Path) -> dict[str, list[str]]:
     }
 
 
-_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
-
-
-def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
-    prefix = ["taskset", "-c", pin] if pin else []
-    command = [
-        *prefix,
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{max(1, round(seconds))}s",
-        "--timeout",
-        "10s",
-        "-s",
-        str(script),
-        url + "/echo",
-    ]
-    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
-    match = _RESULT.search(output)
-    if match is None:
-        raise RuntimeError(f"wrk printed no result:\n{output}")
-    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
-    if bad_status or socket_errors:
-        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return Run(rps=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000, requests=requests)
-
-
-def measure(server: ServerProcess, script: Path, connections: int, seconds: float, pin: str | None) -> Run:
-    cpu_before = server.cpu_seconds()
-    run = wrk(server.url, script, connections, seconds, pin)
-    run.cpu_us = (server.cpu_seconds() - cpu_before) / run.requests * 1e6
-    return run
-
-
-def median_run(runs: list[Run]) -> Run:
-    return Run(
-        rps=statistics.median(r.rps for r in runs),
-        p50_ms=statistics.median(r.p50_ms for r in runs),
-        p99_ms=statistics.median(r.p99_ms for r in runs),
-        cpu_us=statistics.median(r.cpu_us for r in runs),
-    )
+def answers_echo(url: str) -> bool:
+    answer = httpx.post(url + "/echo", content=BODY, headers={"content-type": "application/json"}, timeout=5)
+    return answer.status_code == 200
 
 
 def row(run: Run) -> str:
@@ -268,12 +148,12 @@ def main() -> None:
         servers = [ServerProcess(name, command, root, server_cpu) for name, command in commands(root).items()]
         try:
             for server in servers:
-                server.wait_ready()
-                wrk(server.url, script, 16, 1.0, wrk_cpu)  # warm up
+                server.wait_ready(answers_echo)
+                wrk(server.url + "/echo", script, 16, 1.0, wrk_cpu)  # warm up
             for _ in range(args.repeats):
                 for connections in levels:
                     for server in servers:  # the servers take turns, so drift hits them alike
-                        run = measure(server, script, connections, args.duration, wrk_cpu)
+                        run = measure(server, server.url + "/echo", script, connections, args.duration, wrk_cpu)
                         results.setdefault((server.name, connections), []).append(run)
         finally:
             for server in servers:
