@@ -14,16 +14,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.models import save_model, tanh_loop_body
+
 TABLE = np.arange(10, dtype=np.float32) * 10
-
-
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
 
 
 def _busy_zero(source: str, trips: int, width: int = 128) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
@@ -33,23 +26,7 @@ def _busy_zero(source: str, trips: int, width: int = 128) -> tuple[list[onnx.Nod
     """
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-    body = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["y_in", "busy_W"], ["m"]),
-            helper.make_node("Tanh", ["m"], ["y_out"]),
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-        ],
-        "body",
-        [
-            helper.make_tensor_value_info("i", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("y_in", TensorProto.FLOAT, [1, width]),
-        ],
-        [
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("y_out", TensorProto.FLOAT, [1, width]),
-        ],
-    )
+    body = tanh_loop_body("busy_W", width)
     nodes = [
         helper.make_node("Cast", [source], ["busy_src"], to=TensorProto.FLOAT),
         helper.make_node("ReduceSum", ["busy_src"], ["busy_sum"], keepdims=0),
@@ -81,7 +58,7 @@ def _doubler(path: Path, trips: int) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
         [*weights, numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def _lookup(path: Path, trips: int) -> Path:
@@ -97,7 +74,7 @@ def _lookup(path: Path, trips: int) -> Path:
         [helper.make_tensor_value_info("value", TensorProto.FLOAT, ["batch"])],
         [*weights, numpy_helper.from_array(TABLE, "table")],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def _calibrated(build, path: Path, seconds: float, feeds: dict[str, np.ndarray]) -> Path:  # type: ignore[no-untyped-def]

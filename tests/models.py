@@ -21,7 +21,7 @@ IRIS_B = np.array([0.2, 0.9, -1.1], dtype=np.float32)
 IRIS_LABELS = ["setosa", "versicolor", "virginica"]
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
+def save_model(graph: onnx.GraphProto, path: Path) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -47,7 +47,7 @@ def iris_onnx(path: Path) -> Path:
         ],
         [numpy_helper.from_array(IRIS_W, "W"), numpy_helper.from_array(IRIS_B, "B")],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def iris_expected(rows: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +75,7 @@ def two_inputs_onnx(path: Path) -> Path:
             helper.make_tensor_value_info("flag_out", TensorProto.BOOL, []),
         ],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def shared_batch_onnx(path: Path) -> Path:
@@ -89,7 +89,7 @@ def shared_batch_onnx(path: Path) -> Path:
         ],
         [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["batch", 2])],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def fixed_shape_onnx(path: Path) -> Path:
@@ -101,7 +101,7 @@ def fixed_shape_onnx(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         [numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def mlp_onnx(path: Path, width: int = 256, layers: int = 3, classes: int = 10, seed: int = 0) -> Path:
@@ -125,16 +125,14 @@ def mlp_onnx(path: Path, width: int = 256, layers: int = 3, classes: int = 10, s
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
         weights,
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
-def _loop_onnx(path: Path, trips: int, width: int = 128) -> Path:
-    """x float32 [1, width] -> y: `trips` rounds of y = tanh(y @ W)."""
-    rng = np.random.default_rng(1)
-    w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-    body = helper.make_graph(
+def tanh_loop_body(weight: str, width: int) -> onnx.GraphProto:
+    """The body of a Loop that runs y = tanh(y @ `weight`) once per trip, on a [1, width] state."""
+    return helper.make_graph(
         [
-            helper.make_node("MatMul", ["y_in", "W"], ["m"]),
+            helper.make_node("MatMul", ["y_in", weight], ["m"]),
             helper.make_node("Tanh", ["m"], ["y_out"]),
             helper.make_node("Identity", ["cond_in"], ["cond_out"]),
         ],
@@ -149,6 +147,13 @@ def _loop_onnx(path: Path, trips: int, width: int = 128) -> Path:
             helper.make_tensor_value_info("y_out", TensorProto.FLOAT, [1, width]),
         ],
     )
+
+
+def _loop_onnx(path: Path, trips: int, width: int = 128) -> Path:
+    """x float32 [1, width] -> y: `trips` rounds of y = tanh(y @ W)."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    body = tanh_loop_body("W", width)
     graph = helper.make_graph(
         [helper.make_node("Loop", ["trips", "", "x"], ["y"], body=body)],
         "slow",
@@ -159,7 +164,7 @@ def _loop_onnx(path: Path, trips: int, width: int = 128) -> Path:
             numpy_helper.from_array(w, "W"),
         ],
     )
-    return _save(graph, path)
+    return save_model(graph, path)
 
 
 def slow_onnx(path: Path, seconds: float = 0.2) -> Path:
