@@ -41,6 +41,7 @@ from pathlib import Path
 
 import httpx
 from _harness import free_port
+from _harness import wrk as harness_wrk
 
 REPO = Path(__file__).resolve().parent.parent
 BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
@@ -80,7 +81,6 @@ done = function(summary, latency, requests)
 end
 """
 
-_RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
 _JOBS = re.compile(r'^modelserve_jobs_total\{api="echo",status="(\w+)"\} ([0-9.e+]+)$', re.MULTILINE)
 
 
@@ -200,18 +200,9 @@ class Server:
 
 
 def wrk(url: str, script: Path, connections: int, seconds: float, pin: str | None) -> tuple[int, Submits]:
-    """Run wrk; the requests it made and their rate and latency. Any non-200 answer is an error."""
-    prefix = ["taskset", "-c", pin] if pin else []
-    command = [*prefix, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
-    command += ["-s", str(script), url + "/echo"]
-    output = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
-    match = _RESULT.search(output)
-    if match is None:
-        raise RuntimeError(f"wrk printed no result:\n{output}")
-    requests, micros, p50, p99, bad_status, socket_errors = map(int, match.groups())
-    if bad_status or socket_errors:
-        raise RuntimeError(f"{url}: {bad_status} non-2xx answers and {socket_errors} socket errors:\n{output}")
-    return requests, Submits(rate=requests / (micros / 1e6), p50_ms=p50 / 1000, p99_ms=p99 / 1000)
+    """Run wrk against the submit route; the requests it made and their rate and latency."""
+    run = harness_wrk(url + "/echo", script, connections, seconds, pin)
+    return run.requests, Submits(rate=run.rps, p50_ms=run.p50_ms, p99_ms=run.p99_ms)
 
 
 def write_script(root: Path) -> Path:

@@ -16,14 +16,12 @@ from starlette.types import Receive, Scope, Send
 from modelserve._http import ClientGone, read_body, request_headers, send_body, send_http_error, send_json
 from modelserve.codecs import JSON_TYPE, decode_payload
 from modelserve.context import RequestContext, current
+from modelserve.endpoint import CLIENT_CLOSED
 from modelserve.errors import ConfigError, Conflict, HTTPError, NotFound, ServiceUnavailable
 from modelserve.jobs import make_store
 from modelserve.jobs.base import CANCELLED, ENDED, IN_PROGRESS, JobQueueFull, JobStore, NewJob
 from modelserve.jobs.worker import JobWorker
 from modelserve.logs import access_writer
-
-#: Logged for a client that went away before its job was stored (nginx's convention).
-CLIENT_CLOSED = 499
 
 if TYPE_CHECKING:
     from modelserve.apis import Api
