@@ -64,6 +64,8 @@ class ModelServer:
             self.apis[config.name] = api
             self.metrics.add_refresher(api.refresh_gauges)
         self._loading: asyncio.Task[None] | None = None
+        #: The realtime endpoints by route path, for `ModelserveApp`'s direct dispatch.
+        self.endpoints: dict[str, RealtimeEndpoint] = {}
 
     @property
     def ready(self) -> bool:
@@ -144,9 +146,10 @@ class ModelServer:
         for api in self.apis.values():
             if api.config.kind != "async":
                 endpoint = RealtimeEndpoint(api)
-                api_routes.append(Route(f"/{api.name}", endpoint, methods=["GET", "POST"]))
-                if len(self.apis) == 1:
-                    api_routes.append(Route("/", endpoint, methods=["GET", "POST"]))
+                paths = [f"/{api.name}", "/"] if len(self.apis) == 1 else [f"/{api.name}"]
+                for path in paths:
+                    api_routes.append(Route(path, endpoint, methods=["GET", "POST"]))
+                    self.endpoints[path] = endpoint
         # The APIs first: they take the traffic, and every route tried before one costs a regex match.
         return api_routes + routes
 
@@ -183,7 +186,13 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 class ModelserveApp(Starlette):
-    """A Starlette app that starts loading its APIs on its first ASGI event."""
+    """A Starlette app that starts loading its APIs on its first ASGI event.
+
+    ``GET`` and ``POST`` to a realtime API go straight to its endpoint: the endpoint answers every error
+    itself, so Starlette's error middleware and router would only add their cost (several microseconds a
+    request, a tenth of a small model's). Everything else, and everything once middleware has been added
+    to the app, takes the usual Starlette path (routes, 404, 405, error handlers).
+    """
 
     server: ModelServer
 
@@ -208,10 +217,28 @@ class ModelserveApp(Starlette):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.server._loading is None:
             self.server.start()
-        if not self._base_url_known and scope["type"] == "http":
-            self._base_url_known = True
-            os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
+        if scope["type"] == "http":
+            if not self._base_url_known:
+                self._base_url_known = True
+                os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
+            endpoint = self.server.endpoints.get(_route_path(scope))
+            if endpoint is not None and not self.user_middleware and scope["method"] in _DIRECT_METHODS:
+                scope["app"] = self
+                await endpoint(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
+
+
+_DIRECT_METHODS = frozenset(("GET", "POST"))
+
+
+def _route_path(scope: Scope) -> str:
+    """The path below the mount point (Starlette keeps the full path and puts the prefix in root_path)."""
+    path: str = scope["path"]
+    root_path = scope.get("root_path")
+    if root_path and path.startswith(root_path + "/"):
+        return path[len(root_path) :]
+    return path
 
 
 def _base_url_of(scope: Scope) -> str:

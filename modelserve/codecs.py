@@ -98,8 +98,20 @@ def decoder_for(media_type: str) -> Decoder:
 
 def decode_payload(content_type: str | None, body: bytes) -> Any:
     """Decode a request body according to its Content-Type header (a 400 `BadRequest` when it can't)."""
-    media_type, params = parse_content_type(content_type)
-    return decoder_for(media_type).decode(body, params)
+    known = _parsed.get(content_type)
+    if known is None:
+        media_type, params = parse_content_type(content_type)
+        known = decoder_for(media_type), params
+        if len(_parsed) < _PARSED_MAX:
+            _parsed[content_type] = known
+    decoder, params = known
+    return decoder.decode(body, params)
+
+
+# Clients send the same few Content-Type headers over and over: each is parsed once. Bounded, so that
+# a client sending endless variations cannot grow it.
+_parsed: dict[str | None, tuple[Decoder, dict[str, str]]] = {}
+_PARSED_MAX = 256
 
 
 def _numpy_default(value: Any) -> Any:

@@ -40,7 +40,11 @@ def sane_request_id(candidate: str | None) -> str:
 class RequestContext:
     """Per-request state shared by the event loop and the worker thread running a sync stage."""
 
-    __slots__ = ("api", "request_id", "cancelled", "reason", "release_slot", "_lock", "_in_thread", "_left")
+    __slots__ = ("api", "request_id", "cancelled", "reason", "release_slot", "_in_thread", "_left")
+
+    #: Guards the hand-over between the loop and a worker thread; held for a few instructions, so one lock
+    #: for all requests costs less than creating one for each.
+    _lock = threading.Lock()
 
     def __init__(self, api: str, request_id: str) -> None:
         self.api = api
@@ -50,7 +54,6 @@ class RequestContext:
         self.reason: str | None = None
         #: Gives back the API's concurrency slot; set by whoever acquired one for this request.
         self.release_slot: Callable[[], None] = _nothing
-        self._lock = threading.Lock()
         self._in_thread = False
         self._left = False
 

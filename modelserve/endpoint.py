@@ -49,7 +49,17 @@ class RealtimeEndpoint:
         if scope["method"] == "GET":
             await send_json(send, 200, self.api.describe(), request_id)
             return
-        status = await self._serve(scope, receive, send, request_id, content_type, content_length, accept)
+        try:
+            status = await self._serve(scope, receive, send, request_id, content_type, content_length, accept)
+        except Exception as exc:
+            # A bug of ours: answer a 500 as Starlette's error middleware would (this endpoint is called
+            # directly, without it), unless the response has begun; then the server closes the connection.
+            logger.error("api '%s': unexpected error: %r", self.name, exc, exc_info=exc)
+            try:
+                await send_http_error(send, HTTPError(), request_id)
+            except Exception:
+                raise exc from None
+            status = 500
         seconds = time.perf_counter() - started
         self.api.metrics.answered(status, seconds)
         if self.access_log is not None:

@@ -22,6 +22,8 @@ from modelserve.errors import HTTPError
 
 #: A stage normalised to two arguments: the value from the previous stage and the request (or None).
 StageCall = Callable[[Any, Any], Any]
+#: A compiled step: ``await step(value, request, ctx)``.
+Step = Callable[[Any, Any, "RequestContext | None"], Awaitable[Any]]
 #: Receives (stage name, seconds) after each stage; metrics plug in here.
 StageTimer = Callable[[str, float], None]
 
@@ -107,9 +109,12 @@ class Pipeline:
         self.needs_request = needs_request
         self.timer = timer
         self._steps = self._compile()
+        #: ``await run(value, request, ctx)`` runs every stage in order, feeding each one's result to the next
+        #: (a lone step is called directly: one coroutine less on every request).
+        self.run: Step = self._steps[0] if len(self._steps) == 1 else self._run_steps
 
-    def _compile(self) -> list[Callable[[Any, Any, RequestContext | None], Awaitable[Any]]]:
-        steps: list[Callable[[Any, Any, RequestContext | None], Awaitable[Any]]] = []
+    def _compile(self) -> list[Step]:
+        steps: list[Step] = []
         group: list[Stage] = []
         for stage in self.stages:
             if stage.is_async:
@@ -123,7 +128,7 @@ class Pipeline:
             steps.append(self._sync_step(tuple(group)))
         return steps
 
-    def _async_step(self, stage: Stage) -> Callable[[Any, Any, RequestContext | None], Awaitable[Any]]:
+    def _async_step(self, stage: Stage) -> Step:
         call, name = stage.call, stage.name
         timer = self.timer
 
@@ -143,7 +148,7 @@ class Pipeline:
 
         return step
 
-    def _sync_step(self, group: tuple[Stage, ...]) -> Callable[[Any, Any, RequestContext | None], Awaitable[Any]]:
+    def _sync_step(self, group: tuple[Stage, ...]) -> Step:
         timer = self.timer
 
         def run_group(value: Any, request: Any, ctx: RequestContext | None) -> Any:
@@ -168,8 +173,7 @@ class Pipeline:
 
         return step
 
-    async def run(self, value: Any, request: Any = None, ctx: RequestContext | None = None) -> Any:
-        """Run every stage in order, feeding each one's result to the next."""
+    async def _run_steps(self, value: Any, request: Any, ctx: RequestContext | None) -> Any:
         for step in self._steps:
             value = await step(value, request, ctx)
         return value

@@ -330,6 +330,44 @@ async def test_500_for_user_code_raising_hides_the_error_and_logs_it(client_of: 
     assert record.exc_info is not None  # the traceback goes to the log
 
 
+async def test_an_error_of_ours_is_a_json_500_with_the_request_id(
+    client_of: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = modelserve.create_app(handler=Echo, name="echo")
+    client = await client_of(app)
+    pipeline = app.server.apis["echo"].backend.pipeline
+
+    async def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug in modelserve")
+
+    monkeypatch.setattr(pipeline, "run", broken)
+    with caplog.at_level(logging.ERROR, logger="modelserve"):
+        answer = await client.post("/echo", json={}, headers={"x-request-id": "req-bug"})
+    assert assert_error(answer, 500, "internal server error")["request_id"] == "req-bug"
+    assert "a bug in modelserve" not in answer.text
+    assert any("a bug in modelserve" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+async def test_middleware_added_to_the_app_sees_the_api_requests(client_of: Any) -> None:
+    seen: list[str] = []
+
+    class Spy:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                seen.append(f"{scope['method']} {scope['path']}")
+            await self.app(scope, receive, send)
+
+    app = modelserve.create_app(handler=Echo, name="echo")
+    app.add_middleware(Spy)
+    client = await client_of(app)
+    assert (await client.post("/echo", json={"a": 1})).json() == {"a": 1}
+    assert (await client.get("/")).status_code == 200
+    assert seen == ["POST /echo", "GET /"]
+
+
 class Refusing:
     def predict(self, inputs):
         if inputs.get("teapot"):
