@@ -23,10 +23,14 @@ class Api:
         self.config = config
         self.backend = backend
         self.metrics = metrics
-        # With batching, up to max_batch_size requests per running call are admitted to form batches;
-        # max_queue_length still bounds the requests waiting beyond those.
-        batch = config.batching.max_batch_size if config.batching is not None else 1
-        self.limiter = Limiter(config.max_concurrency * batch, config.max_queue_length)
+        # With batching, the requests of the running calls and of one more full batch are admitted: while a
+        # batch runs the next one fills up (admitting only the running ones would split them into two halves,
+        # one running while the other waits). max_queue_length still bounds the requests waiting beyond those.
+        if config.batching is not None:
+            admitted = (config.max_concurrency + 1) * config.batching.max_batch_size
+        else:
+            admitted = config.max_concurrency
+        self.limiter = Limiter(admitted, config.max_queue_length)
         self.state = "loading"
         self.error: str | None = None
         self.ready = False

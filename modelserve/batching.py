@@ -140,18 +140,26 @@ class Batcher:
                     "it must return a list of the same length"
                 )
         except Exception as exc:
+            self._next()
             if isinstance(exc, BatchSizeMismatch):
                 logger.error("%s", exc)
             for entry in batch:
                 if not entry.future.done():
                     entry.future.set_exception(exc)
+        except BaseException:
+            self._next()
+            raise
         else:
+            # The next batch first: its task is scheduled before the requests woken below, so the model
+            # starts again at once instead of after this batch's answers have been encoded and sent.
+            self._next()
             for entry, result in zip(batch, results, strict=True):
                 if not entry.future.done():
                     entry.future.set_result(result)
-        finally:
-            self.running -= 1
-            self._dispatch()
+
+    def _next(self) -> None:
+        self.running -= 1
+        self._dispatch()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -272,12 +273,18 @@ def run() -> None:
     """
     import threading
 
+    from modelserve import _threads
+
     code = main()
-    stuck = [
-        thread
-        for thread in threading.enumerate()
-        if thread is not threading.main_thread() and thread.is_alive() and not thread.daemon
-    ]
+    _threads.shutdown()  # the idle worker threads exit; one running user code stays
+    deadline = time.monotonic() + 0.5
+    stuck = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        thread.join(max(deadline - time.monotonic(), 0))
+        if thread.is_alive():
+            stuck.append(thread)
     if stuck:
         logging.getLogger("modelserve").warning(
             "%d thread(s) still running user code after the shutdown; exiting without waiting for them", len(stuck)

@@ -1,7 +1,7 @@
 """The context of the request being served: its id, its API, and whether it was cancelled.
 
 It lives in a context variable, so it follows the request into async user code and into the worker
-threads that run sync stages (anyio copies the context into them). Log records read it to add ``api`` and
+threads that run sync stages (they run in a copy of the context). Log records read it to add ``api`` and
 ``request_id``; sync user code calls `is_cancelled()` to learn that its client went away.
 """
 

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio.to_thread
 from starlette.exceptions import HTTPException
 
+from modelserve import _threads
 from modelserve.context import RequestContext
 from modelserve.errors import HTTPError
 
@@ -74,7 +74,7 @@ async def run_in_thread(
     the request's concurrency slot until `fn` returns; then it runs `on_abandon` and releases the slot.
     """
     if ctx is None:
-        return await anyio.to_thread.run_sync(fn, *args)
+        return await _threads.run_sync(fn, *args)
     loop = asyncio.get_running_loop()
 
     def job() -> Any:
@@ -90,7 +90,7 @@ async def run_in_thread(
                 finally:
                     loop.call_soon_threadsafe(ctx.release_slot)
 
-    return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
+    return await _threads.run_sync(job, abandon_on_cancel=True)
 
 
 class Pipeline:

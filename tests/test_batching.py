@@ -26,6 +26,8 @@ class Model:
         Path("batches.log").open("a").write(f"{len(xs)}\\n")
         if any(x == "wrong" for x in xs):
             return xs[:-1] if len(xs) > 1 else []
+        if "slow" in xs:
+            time.sleep(0.5)
         time.sleep(0.05)  # the model call: long enough for requests to pile up
         return [{"double": x * 2} for x in xs]
 
@@ -82,6 +84,24 @@ def test_concurrent_requests_share_calls_and_get_their_own_rows(server, project:
     assert max(sizes) <= 8
     metrics = httpx.get(server.url + "/metrics").text
     assert 'modelserve_batch_size_count{api="double"}' in metrics
+
+
+def test_a_full_batch_forms_while_one_runs(server, project: Path) -> None:
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            before = len(batch_sizes(project))
+            slow = asyncio.ensure_future(client.post(server.url + "/double", json={"x": "slow"}))
+            while len(batch_sizes(project)) == before:  # until the slow call runs
+                await asyncio.sleep(0.01)
+            rest = await asyncio.gather(*(client.post(server.url + "/double", json={"x": i}) for i in range(15)))
+            return [await slow, *rest]
+
+    before = len(batch_sizes(project))
+    answers = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [200] * 16
+    # The 15 arrive while the slow call runs; the next call takes a full batch of 8, not only the requests
+    # admitted alongside the running one.
+    assert batch_sizes(project)[before:][:2] == [1, 8]
 
 
 def wait_metric(server, suffix: str) -> float:

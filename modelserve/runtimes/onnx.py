@@ -91,9 +91,9 @@ class OnnxModel(LoadedModel):
         # before calling the compiled session: microseconds, a tenth of a small model's run. Our feeds come from
         # `InputConverter`, which has already checked the names and made numpy arrays, so on the CPU provider
         # (no fallback between providers to handle) the compiled session is called directly.
-        inner = getattr(session, "_sess", None)
-        if session.get_providers() == ["CPUExecutionProvider"] and callable(getattr(inner, "run", None)):
-            self._run = inner.run
+        direct = getattr(getattr(session, "_sess", None), "run", None)
+        if session.get_providers() == ["CPUExecutionProvider"] and callable(direct):
+            self._run = direct
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[Any]:
         return self._run(self._names, feeds, None)

@@ -1,0 +1,69 @@
+"""The worker threads of sync user code: results, errors, context, and both kinds of cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from modelserve import _threads
+
+TAG: contextvars.ContextVar[str] = contextvars.ContextVar("tag", default="none")
+
+
+def test_a_call_runs_in_another_thread_with_the_callers_context() -> None:
+    async def main() -> tuple[str, int]:
+        TAG.set("request-1")
+        return await _threads.run_sync(lambda x: (TAG.get() + x, threading.get_ident()), "!")
+
+    tag, ident = asyncio.run(main())
+    assert tag == "request-1!"
+    assert ident != threading.get_ident()
+
+
+def test_an_exception_reaches_the_caller() -> None:
+    def fail() -> None:
+        raise KeyError("missing")
+
+    with pytest.raises(KeyError, match="missing"):
+        asyncio.run(_threads.run_sync(fail))
+
+
+@pytest.mark.parametrize("abandon", [True, False])
+def test_cancellation_abandons_or_waits_for_the_call(abandon: bool) -> None:
+    finished = threading.Event()
+
+    def slow() -> str:
+        time.sleep(0.3)
+        finished.set()
+        return "done"
+
+    async def main() -> float:
+        task = asyncio.ensure_future(_threads.run_sync(slow, abandon_on_cancel=abandon))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - started
+
+    waited = asyncio.run(main())
+    if abandon:
+        assert waited < 0.2 and not finished.is_set()  # the caller left; the call runs on
+        assert finished.wait(2)
+    else:
+        assert finished.is_set()  # the cancellation took effect once the call had returned
+
+
+def test_shutdown_lets_the_idle_threads_go() -> None:
+    asyncio.run(_threads.run_sync(time.sleep, 0))
+    workers = [t for t in threading.enumerate() if t.name.startswith("modelserve-worker")]
+    assert workers
+    _threads.shutdown()
+    for worker in workers:
+        worker.join(2)
+        assert not worker.is_alive()
+    assert asyncio.run(_threads.run_sync(lambda: 42)) == 42  # a new pool on demand
