@@ -69,19 +69,26 @@ class Server:
             time.sleep(0.05)
         raise TimeoutError(f"server did not listen within {timeout} s:\n{self.log}")
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        """Wait until /readyz answers 200 (every API loaded)."""
+    def wait_ready(self, timeout: float = 60, consecutive: int = 1) -> None:
+        """Wait until /readyz answers 200 (every API loaded) `consecutive` times in a row.
+
+        With --workers N one worker may be ready while another still loads; each check is a new connection,
+        which either worker may take, so 20 answers in a row leave a loading worker little chance to hide.
+        """
         self.wait_listening(timeout)
         deadline = time.monotonic() + timeout
+        ready = 0
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
             try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
+                ready = ready + 1 if httpx.get(self.url + "/readyz", timeout=2).status_code == 200 else 0
             except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+                ready = 0
+            if ready >= consecutive:
+                return
+            if not ready:
+                time.sleep(0.05)
         raise TimeoutError(f"server was not ready within {timeout} s:\n{self.log}")
 
     def wait_exit(self, timeout: float = 30) -> int:

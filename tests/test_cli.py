@@ -290,7 +290,7 @@ def test_two_workers_serve(tmp_path: Path, start_server: Any) -> None:
         },
     )
     server = start_server(root, "--workers", "2")
-    server.wait_ready()
+    server.wait_ready(consecutive=20)
 
     def ask(_: int) -> int:
         with httpx.Client() as client:  # a new connection each time, so that both workers get some

@@ -457,7 +457,7 @@ def test_sqlite_second_interruption_fails_the_job(tmp_path: Path, start_server: 
 def test_sqlite_with_two_workers_runs_each_job_once(tmp_path: Path, start_server: Any) -> None:
     root = project(tmp_path)
     server = start_server(root, "--workers", "2")
-    server.wait_ready()
+    server.wait_ready(consecutive=20)
     with httpx.Client(timeout=10) as client:
         ids = []
         for n in range(40):
@@ -539,7 +539,7 @@ def test_idle_pick_up_is_fast(tmp_path: Path, start_server: Any) -> None:
     """A job submitted to an idle server (either of two processes) starts within 50 ms (median)."""
     root = project(tmp_path)
     server = start_server(root, "--workers", "2")
-    server.wait_ready()
+    server.wait_ready(consecutive=20)
     delays = []
     for n in range(15):
         time.sleep(0.1)  # idle again

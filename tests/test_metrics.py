@@ -317,7 +317,7 @@ def test_workers_share_one_metrics_answer_and_the_directory_is_removed(tmp_path:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     server = start_server(project, "--workers", "2", "--no-access-log", env={"TMPDIR": str(scratch)})
-    server.wait_ready()
+    server.wait_ready(consecutive=20)
     (metrics_dir,) = scratch.glob("modelserve-metrics-*")
     pids: set[int] = set()
     sent = 0
