@@ -81,6 +81,17 @@ def median_run(runs: list[Run]) -> Run:
     )
 
 
+def paired_ratios(runs: list[Run], base: list[Run]) -> tuple[float, float]:
+    """(req/s ratio, CPU ratio) of `runs` to `base`, each the median over the rounds of the ratio within a round.
+
+    The runs of one round are seconds apart, those of different rounds minutes: on a shared machine whose
+    load drifts, the ratio of two runs side by side is steadier than the ratio of two medians.
+    """
+    rps = statistics.median(run.rps / other.rps for run, other in zip(runs, base, strict=True))
+    cpu = statistics.median(other.cpu_us / run.cpu_us for run, other in zip(runs, base, strict=True) if run.cpu_us)
+    return rps, cpu
+
+
 def session_cpu_seconds(session: int) -> float:
     """User + system CPU seconds of every live process of a session (a server and what it started; Linux)."""
     total = 0.0

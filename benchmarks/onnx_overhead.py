@@ -16,15 +16,17 @@ onnxruntime session options (CPU provider, one intra-op thread, one inter-op thr
 * ``litserve``: a LitAPI doing the same work (when litserve is installed; its own server and worker processes).
 
 Every server answers ``{"<output>": [[...]]}`` for a body ``[[...]]`` (one row). wrk posts the body (a lua
-script) at each concurrency, a few seconds per run, the servers taking turns; every cell is the median over
-the repeats. The ratio is each server's requests/s over bare-inline's.
+script) at each concurrency, a few seconds per run, the servers taking turns (a round); every cell is the
+median over the rounds. The ratio is each server's requests/s over bare-inline's in the same round (runs
+seconds apart), the median over the rounds: the load of a shared machine drifts over minutes and swings
+single runs by up to 40%, so side-by-side ratios are steadier than the ratio of two medians.
 
 On a machine that other jobs share, requests/s and latencies swing with their load. The last two columns
 are steadier: the CPU time the server's processes (all of them, for LitServe) spent per request, read from
 /proc before and after each run, and bare-inline's CPU time per request over each server's: the
 throughput ratio one would see on a core of its own.
 
-    python benchmarks/onnx_overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin]
+    python benchmarks/onnx_overhead.py [--duration 2] [--repeats 5] [--concurrency 1,16,64] [--pin]
 
 ``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1.
 """
@@ -43,7 +45,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import onnx
-from _harness import Run, ServerProcess, measure, median_run, write_wrk_script, wrk
+from _harness import Run, ServerProcess, measure, median_run, paired_ratios, write_wrk_script, wrk
 from onnx import TensorProto, helper, numpy_helper
 
 API = "predict"
@@ -257,8 +259,8 @@ def answer_of(server: ServerProcess, body: str) -> np.ndarray:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run (default 3)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is shown (default 3)")
+    parser.add_argument("--duration", type=int, default=2, help="seconds per wrk run (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds per cell; medians are shown (default 5)")
     parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
     parser.add_argument("--models", default="iris,mlp", help="models to serve, comma-separated (iris, mlp)")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
@@ -312,13 +314,15 @@ def main() -> None:
     print("-" * len(header))
     for model in models:
         for connections in levels:
-            base = median_run(results[(model, "bare-inline", connections)])
+            base = results[(model, "bare-inline", connections)]
             for i, name in enumerate(names[model]):
-                run = median_run(results[(model, name, connections)])
+                runs = results[(model, name, connections)]
+                run = median_run(runs)
+                ratio, cpu_ratio = paired_ratios(runs, base)
                 label = (model, str(connections)) if i == 0 else ("", "")
                 print(
                     f"{label[0]:<6}{label[1]:>5}  {name:<12}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
-                    f"{run.rps / base.rps:>7.2f}x{run.cpu_us:>12.0f}{base.cpu_us / run.cpu_us:>10.2f}x"
+                    f"{ratio:>7.2f}x{run.cpu_us:>12.0f}{cpu_ratio:>10.2f}x"
                 )
 
 
