@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,34 @@ def post_inference(prediction, signature, metadata):
 """
 
 
+# A hook that can be held until the test creates a file: one still running after its request timed out.
+STUCK_HOOKS = """
+import threading, time
+from pathlib import Path
+
+lock = threading.Lock()
+active = 0
+most = 0
+
+
+def pre_inference(sample, signature, metadata):
+    global active, most
+    with lock:
+        active += 1
+        most = max(most, active)
+    deadline = time.monotonic() + 10
+    while sample["hold"] and not Path("release").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with lock:
+        active -= 1
+    return sample["rows"]
+
+
+def post_inference(prediction, signature, metadata):
+    return {"most_at_once": most}
+"""
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("batching_models")
@@ -63,6 +92,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {
             "hooks.py": HOOKS,
             "slow_hooks.py": SLOW_HOOKS,
+            "stuck_hooks.py": STUCK_HOOKS,
             "modelserve.yaml": """
                 apis:
                   - name: doubler
@@ -76,6 +106,11 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   - name: serial
                     model: {path: doubler.onnx, intra_op_threads: 1}
                     handler: {path: slow_hooks.py}
+                    batching: {max_batch_size: 8}
+                  - name: stuck
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    handler: {path: stuck_hooks.py}
+                    timeout: 1
                     batching: {max_batch_size: 8}
                   - name: lookup
                     model: {path: lookup.onnx, intra_op_threads: 1}
@@ -151,6 +186,20 @@ def test_hooks_run_per_request_around_a_shared_call(server) -> None:
 def test_hooks_are_never_called_concurrently_with_max_concurrency_1(server) -> None:
     answers = asyncio.run(post_many(server.url + "/serial", [[[i, 1]] for i in range(8)]))
     assert [a.json() for a in answers] == [{"most_at_once": 1}] * 8
+
+
+def test_a_hook_still_running_after_its_request_left_keeps_the_hooks_serial(server, project: Path) -> None:
+    first = httpx.post(server.url + "/stuck", json={"rows": [[1, 2]], "hold": True})
+    assert first.status_code == 504  # answered at the timeout; its hook is held on in its thread
+    second: list[httpx.Response] = []
+    sender = threading.Thread(
+        target=lambda: second.append(httpx.post(server.url + "/stuck", json={"rows": [[1, 2]], "hold": False}))
+    )
+    sender.start()
+    time.sleep(0.2)
+    (project / "release").touch()
+    sender.join(10)
+    assert second[0].json() == {"most_at_once": 1}  # its hook waited for the first one to return
 
 
 def test_mixed_shapes_are_served_each_with_its_own_rows(server) -> None:

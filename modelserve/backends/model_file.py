@@ -186,14 +186,29 @@ class ModelFileBackend(Backend):
 
     def _hooks_limited(self, call: Any) -> Any:
         """With batching, up to max_batch_size requests per running batch are admitted: their hooks still run at
-        most `max_concurrency` at a time, so that with 1 the hooks are never called concurrently."""
+        most `max_concurrency` at a time, so that with 1 the hooks are never called concurrently.
+
+        A hook call holds its slot until it returns, even when its request leaves first (a timeout, a
+        disconnect): the request stops waiting at once, the call runs on in a task of its own.
+        """
         if self.api.batching is None:
             return call
         slots = asyncio.Semaphore(self.api.max_concurrency)
 
+        def done(task: asyncio.Task[Any]) -> None:
+            slots.release()
+            if not task.cancelled():
+                task.exception()  # retrieved: an error after the request left is not "never retrieved"
+
         async def limited(value: Any, request: Any) -> Any:
-            async with slots:
-                return await call(value, request)
+            await slots.acquire()
+            try:
+                task = asyncio.ensure_future(call(value, request))
+            except BaseException:
+                slots.release()
+                raise
+            task.add_done_callback(done)
+            return await asyncio.shield(task)
 
         return limited
 
