@@ -117,12 +117,13 @@ class RealtimeEndpoint:
         api = self.api
         limiter = api.limiter
         watch = Watch(self.watchdog, ctx, receive, api.config.timeout)
-        acquired = False
+        acquired = answering = False
         try:
             await limiter.acquire()
             acquired = True
             ctx.release_slot = limiter.release
             result = await api.backend.pipeline.run(value, request, ctx)
+            answering = True
             if streaming.is_stream(result):
                 watch.watch_now()
                 return await streaming.send_stream(send, result, ctx, watch, accept)
@@ -130,6 +131,8 @@ class RealtimeEndpoint:
             return await self._answer(scope, receive, send, ctx, result)
         except (asyncio.CancelledError, RequestCancelled):
             if not watch.fired():
+                if not answering:
+                    await self._stopped(send, ctx)
                 raise
             watch.absorb_cancel()
             return await self._cancelled(send, ctx)
@@ -166,6 +169,15 @@ class RealtimeEndpoint:
             return 504
         logger.info("api '%s': client disconnected; request cancelled (%d)", self.name, CLIENT_CLOSED)
         return CLIENT_CLOSED
+
+    async def _stopped(self, send: Send, ctx: RequestContext) -> None:
+        """Cancelled by the server (the grace period of a shutdown has passed): a JSON 503 rather than the
+        server's own plain-text 500, then the cancellation goes on."""
+        logger.warning("api '%s': request stopped by the server's shutdown (503)", self.name)
+        try:
+            await send_http_error(send, ServiceUnavailable("the server is shutting down; retry later"), ctx.request_id)
+        except Exception:  # the connection is gone already
+            pass
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, result: Any) -> int:
         if isinstance(result, Response):

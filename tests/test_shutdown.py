@@ -36,7 +36,7 @@ def test_a_stuck_sync_stage_does_not_outlive_the_grace_period(tmp_path: Path, st
 
     def call() -> None:
         try:
-            answers.append(httpx.post(server.url, content=b"x", timeout=60).status_code)
+            answers.append(httpx.post(server.url, content=b"x", timeout=60))
         except httpx.HTTPError as exc:
             answers.append(exc)
 
@@ -48,6 +48,11 @@ def test_a_stuck_sync_stage_does_not_outlive_the_grace_period(tmp_path: Path, st
     assert time.monotonic() - asked < 10
     assert "still running user code after the shutdown; exiting without waiting" in server.log
     caller.join(10)
+    (answer,) = answers  # a JSON 503 naming the request, not the server's plain-text 500
+    assert isinstance(answer, httpx.Response), answer
+    assert answer.status_code == 503
+    body = {"error": "the server is shutting down; retry later", "request_id": answer.headers["x-request-id"]}
+    assert answer.json() == body
 
 
 def test_a_sync_job_interrupted_by_shutdown_runs_again_at_the_next_start(tmp_path: Path, start_server: Any) -> None:
