@@ -27,33 +27,9 @@ def post_inference(prediction, signature, metadata):
     return {"rows": prediction[0].tolist(), "count": len(prediction[0])}
 """
 
-# Slow enough (10 ms) to run in worker threads: counts how many calls overlap.
+# Slow enough (10 ms) to run in worker threads: counts how many calls overlap. A sample {"rows": ..., "hold":
+# true} is held until the test creates the file "release": a hook still running after its request timed out.
 SLOW_HOOKS = """
-import threading, time
-
-lock = threading.Lock()
-active = 0
-most = 0
-
-
-def pre_inference(sample, signature, metadata):
-    global active, most
-    with lock:
-        active += 1
-        most = max(most, active)
-    time.sleep(0.01)
-    with lock:
-        active -= 1
-    return sample
-
-
-def post_inference(prediction, signature, metadata):
-    return {"most_at_once": most}
-"""
-
-
-# A hook that can be held until the test creates a file: one still running after its request timed out.
-STUCK_HOOKS = """
 import threading, time
 from pathlib import Path
 
@@ -67,12 +43,14 @@ def pre_inference(sample, signature, metadata):
     with lock:
         active += 1
         most = max(most, active)
+    time.sleep(0.01)
+    held = isinstance(sample, dict) and sample["hold"]
     deadline = time.monotonic() + 10
-    while sample["hold"] and not Path("release").exists() and time.monotonic() < deadline:
+    while held and not Path("release").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     with lock:
         active -= 1
-    return sample["rows"]
+    return sample["rows"] if isinstance(sample, dict) else sample
 
 
 def post_inference(prediction, signature, metadata):
@@ -92,7 +70,6 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {
             "hooks.py": HOOKS,
             "slow_hooks.py": SLOW_HOOKS,
-            "stuck_hooks.py": STUCK_HOOKS,
             "modelserve.yaml": """
                 apis:
                   - name: doubler
@@ -109,7 +86,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     batching: {max_batch_size: 8}
                   - name: stuck
                     model: {path: doubler.onnx, intra_op_threads: 1}
-                    handler: {path: stuck_hooks.py}
+                    handler: {path: slow_hooks.py}
                     timeout: 1
                     batching: {max_batch_size: 8}
                   - name: lookup
