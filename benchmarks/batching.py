@@ -39,6 +39,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from _harness import Run, ServerProcess, measure, median_run, paired_ratios, write_wrk_script, wrk
+from onnx_overhead import mlp_model
 
 WIDTH, LAYERS, CLASSES = 1024, 4, 10
 
@@ -78,36 +79,6 @@ if __name__ == "__main__":
     server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False,
                access_log=False)
 """
-
-
-def build_mlp(path: Path) -> Path:
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, weights, current = [], [], "x"
-    for i in range(LAYERS):
-        w = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)
-        weights.append(numpy_helper.from_array(w, f"W{i}"))
-        nodes += [
-            helper.make_node("MatMul", [current, f"W{i}"], [f"h{i}"]),
-            helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
-        ]
-        current = f"r{i}"
-    w_out = (rng.standard_normal((WIDTH, CLASSES)) / np.sqrt(WIDTH)).astype(np.float32)
-    weights.append(numpy_helper.from_array(w_out, "W_out"))
-    nodes.append(helper.make_node("MatMul", [current, "W_out"], ["logits"]))
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
 
 
 def model_alone(path: Path, threads: int) -> str:
@@ -242,7 +213,7 @@ def main() -> None:
     runs: dict[tuple[str, int], list[Run]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        build_mlp(root / "mlp.onnx")
+        mlp_model(root / "mlp.onnx", WIDTH, LAYERS, CLASSES)
         alone = model_alone(root / "mlp.onnx", args.threads)
         payload = body()
         script = root / "post.lua"
