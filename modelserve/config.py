@@ -390,6 +390,15 @@ def load_project_config(project_dir: str | Path) -> ProjectConfig:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{config_path} is not valid YAML: {exc}") from None
         return parse_project(data, root, str(config_path))
+    if (root / "config.yaml").is_file() and (root / "model").is_dir():
+        from modelserve.compat.truss import load_truss_project
+
+        return load_truss_project(root)
+    for name in ("cortex.yaml", "cortex.yml"):
+        if (root / name).is_file():
+            from modelserve.compat.cortex import load_cortex_project
+
+            return load_cortex_project(root, root / name)
     if (root / "model.py").is_file():
         api = ApiConfig(name="model", handler=HandlerConfig(path="model.py", class_name="Model"))
         return ProjectConfig(root=root, apis=[api])
