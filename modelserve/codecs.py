@@ -74,6 +74,10 @@ class TextDecoder(Decoder):
             return body.decode(charset)
         except UnicodeDecodeError as exc:
             raise BadRequest(f"request body is not valid {charset} text: {exc.reason} at byte {exc.start}") from None
+        except (LookupError, UnicodeError):
+            # A codec that is not a text encoding (rot13, base64, zlib, hex) or that refuses everything
+            # (undefined): str.decode names neither as a charset problem, so say it here.
+            raise BadRequest(f"charset {charset!r} in the Content-Type header is not a text encoding") from None
 
 
 _JSON = JSONDecoder()
