@@ -6,7 +6,6 @@ app = modelserve.create_app("path/to/project")    # an ASGI (Starlette) app
 
 from __future__ import annotations
 
-from modelserve.app import ModelserveApp, create_app
 from modelserve.config import ApiConfig, BatchingConfig, HandlerConfig, JobsConfig, ModelFileConfig, ProjectConfig
 from modelserve.context import current_request_id, is_cancelled
 from modelserve.errors import (
@@ -17,6 +16,7 @@ from modelserve.errors import (
     MissingExtraError,
     ModelserveError,
 )
+from modelserve.http import ModelserveApp, create_app
 from modelserve.logs import logger
 from modelserve.metrics import MetricsClient
 

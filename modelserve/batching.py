@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from modelserve.context import current
+from modelserve.errors import BatchSizeMismatch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,10 +38,6 @@ def _context_of_no_request() -> contextvars.Context:
     context = contextvars.copy_context()
     context.run(current.set, None)
     return context
-
-
-class BatchSizeMismatch(ValueError):
-    """The batched call returned a list of another length than its input."""
 
 
 class _Entry:

@@ -1,16 +1,33 @@
-"""The exceptions modelserve raises, and the one place that turns them into HTTP answers.
+"""Every exception modelserve raises, in one tree.
 
-Two families:
+* `ModelserveError`
+    * `ConfigError`: the project folder, modelserve.yaml or the command line is wrong (CLI exit code 2).
+    * `LoadError`: user code could not be imported, validated, constructed or loaded (CLI exit code 3).
+        * `MissingExtraError`: an optional dependency is missing; the message holds the pip command.
+    * `HTTPError`: the end of one call that is not a success, with the status code it is answered with.
+        * `BadRequest` (400): the request is wrong; the message says what and where.
+        * `NotFound` (404), `MethodNotAllowed` (405), `Conflict` (409), `PayloadTooLarge` (413).
+            * `DuplicateJob` (409): a job with this id exists.
+        * `ServiceUnavailable` (503, ``Retry-After``): not ready, shutting down, or full.
+            * `QueueFull`: too many requests wait for this API.
+            * `JobQueueFull`: too many jobs wait for this API.
+        * `GatewayTimeout` (504): the call ran past the API's ``timeout``.
+        * `UserCodeError` (500): user code raised; `stage` and `error` say which and what, the answer only
+          names the request id.
+        * `ClientDisconnected` (499, never sent): the client went away; the call was cancelled.
+    * `RequestCancelled`: raised between stages of a call that was cancelled (timeout, disconnect, DELETE).
+    * `StreamAborted`: a stream failed after it began; the transport ends it without a clean end.
+    * `EncodeError` (also a `TypeError`): a result of a type no encoder knows.
+    * `BatchSizeMismatch` (also a `ValueError`): a batched call returned another number of results.
+    * `MetricsError` (also a `ValueError`): user code asked for a metric that cannot exist.
 
-* set-up errors (`ConfigError`, `LoadError`) stop a project from being served; the CLI turns them into
-  exit codes 2 and 3;
-* `HTTPError` and its subclasses are answers to one request, rendered as
-  ``{"error": "...", "request_id": "..."}`` with their status code.
+The HTTP edge turns an exception into an answer in one place (`modelserve.http.errors`); every other
+transport (the async jobs worker) reads the same attributes.
 """
 
 from __future__ import annotations
 
-import orjson
+from typing import Any
 
 
 class ModelserveError(Exception):
@@ -41,6 +58,8 @@ class HTTPError(ModelserveError):
 
     status_code = 500
     default_message = "internal server error"
+    #: Fields added to the error body beside ``error`` and ``request_id`` (readiness adds the APIs' states).
+    extra: dict[str, Any] | None = None
 
     def __init__(self, message: str | None = None, *, headers: dict[str, str] | None = None) -> None:
         self.message = message or self.default_message
@@ -58,9 +77,25 @@ class NotFound(HTTPError):
     default_message = "not found"
 
 
+class MethodNotAllowed(HTTPError):
+    status_code = 405
+    default_message = "method not allowed"
+
+    def __init__(self, method: str, path: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(
+            f"method {method} is not allowed on {path}; allowed: {', '.join(allowed)}",
+            headers={"allow": ", ".join(allowed)},
+        )
+
+
 class Conflict(HTTPError):
     status_code = 409
     default_message = "conflict"
+
+
+class DuplicateJob(Conflict):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"a job with id {job_id!r} already exists; send another X-Request-ID")
 
 
 class PayloadTooLarge(HTTPError):
@@ -78,18 +113,69 @@ class ServiceUnavailable(HTTPError):
         super().__init__(message, headers={"retry-after": str(retry_after)})
 
 
+class QueueFull(ServiceUnavailable):
+    default_message = "too many requests waiting for this API; retry later"
+
+
+class JobQueueFull(ServiceUnavailable):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the job queue is full ({limit} jobs waiting); retry later")
+
+
 class GatewayTimeout(HTTPError):
     status_code = 504
     default_message = "request timed out"
 
 
 class UserCodeError(HTTPError):
-    """User code raised: the client learns only the request id, the log gets the traceback."""
+    """User code raised in `stage`: the client learns only the request id, the log gets the traceback."""
 
     status_code = 500
     default_message = "internal server error: user code failed; see the server log for this request id"
 
+    def __init__(self, stage: str = "user code", error: BaseException | None = None) -> None:
+        super().__init__()
+        self.stage = stage
+        self.error = error
 
-def error_body(message: str, request_id: str) -> bytes:
-    """The JSON body of every error answer."""
-    return orjson.dumps({"error": message, "request_id": request_id})
+    @property
+    def detail(self) -> str:
+        """``predict raised ValueError: bad`` (for the server log and the job document, never an answer)."""
+        if self.error is None:
+            return f"{self.stage} failed"
+        return f"{self.stage} raised {type(self.error).__name__}: {self.error}"
+
+
+#: nginx's status for a request whose client closed the connection; logged and counted, never sent.
+CLIENT_CLOSED = 499
+
+
+class ClientDisconnected(HTTPError):
+    """The client went away (while its body was read, or while its call ran)."""
+
+    status_code = CLIENT_CLOSED
+    default_message = "client closed the connection"
+
+
+class RequestCancelled(ModelserveError):
+    """The call was cancelled (client gone, timeout, DELETE) before its next stage could start."""
+
+
+class StreamAborted(ModelserveError):
+    """Raised to the server after a failed stream, so that it ends the response without a clean end."""
+
+
+class EncodeError(ModelserveError, TypeError):
+    """A result of a type that no encoder knows."""
+
+    def __init__(self, value: Any, type_name: str | None = None) -> None:
+        self.type_name = type_name or f"{type(value).__module__}.{type(value).__qualname__}"
+        super().__init__(f"cannot encode a result of type {self.type_name}")
+
+
+class BatchSizeMismatch(ModelserveError, ValueError):
+    """The batched call returned a list of another length than its input."""
+
+
+class MetricsError(ModelserveError, ValueError):
+    """User code asked for a metric that cannot exist (bad name, reserved name, label keys changed)."""

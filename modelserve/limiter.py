@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
-from modelserve.errors import ServiceUnavailable
-
-
-class QueueFull(ServiceUnavailable):
-    default_message = "too many requests waiting for this API; retry later"
+from modelserve.errors import QueueFull
 
 
 class Limiter:
@@ -19,7 +16,7 @@ class Limiter:
     straight to the oldest waiter, so that a newcomer cannot overtake the queue.
     """
 
-    __slots__ = ("max_concurrency", "max_queue_length", "running", "_waiters", "rejected")
+    __slots__ = ("max_concurrency", "max_queue_length", "running", "_waiters", "rejected", "on_release")
 
     def __init__(self, max_concurrency: int, max_queue_length: int) -> None:
         self.max_concurrency = max_concurrency
@@ -27,6 +24,8 @@ class Limiter:
         self.running = 0
         self.rejected = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        #: Called when a slot becomes free (not when it is handed to a waiter): the jobs worker claims then.
+        self.on_release: Callable[[], None] | None = None
 
     @property
     def waiting(self) -> int:
@@ -66,3 +65,5 @@ class Limiter:
                 future.set_result(None)
                 return
         self.running -= 1
+        if self.on_release is not None:
+            self.on_release()

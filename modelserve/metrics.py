@@ -26,6 +26,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.metrics_core import Metric
 
+from modelserve.errors import MetricsError
+
 PREFIX = "modelserve_"
 _NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -40,10 +42,6 @@ _SAMPLE_SUFFIXES = {
     "gauge": ("",),
     "histogram": ("", "_bucket", "_sum", "_count", "_created"),
 }
-
-
-class MetricsError(ValueError):
-    """User code asked for a metric that cannot exist (bad name, reserved name, label keys changed)."""
 
 
 def multiprocess_dir() -> str | None:

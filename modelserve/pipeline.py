@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 
 from modelserve import _threads
 from modelserve.context import RequestContext
-from modelserve.errors import HTTPError
+from modelserve.errors import HTTPError, RequestCancelled, UserCodeError
 
 #: A stage normalised to two arguments: the value from the previous stage and the request (or None).
 StageCall = Callable[[Any, Any], Any]
@@ -26,19 +26,6 @@ StageCall = Callable[[Any, Any], Any]
 Step = Callable[[Any, Any, "RequestContext | None"], Awaitable[Any]]
 #: Receives (stage name, seconds) after each stage; metrics plug in here.
 StageTimer = Callable[[str, float], None]
-
-
-class RequestCancelled(Exception):
-    """The request was cancelled (client gone or timeout) before its next stage could start."""
-
-
-class StageFailed(Exception):
-    """User code raised in a stage; `__cause__` is the user's exception."""
-
-    def __init__(self, stage: str, error: BaseException) -> None:
-        super().__init__(f"{stage} raised {type(error).__name__}: {error}")
-        self.stage = stage
-        self.error = error
 
 
 @dataclass(frozen=True)
@@ -59,6 +46,7 @@ def adapt(fn: Callable[..., Any], takes_inputs: bool, takes_request: bool) -> St
     return lambda value, request: fn(value)
 
 
+#: Raised by user code (or by us, between stages) on purpose: answered as they are, not as a failure.
 _PASS_THROUGH = (HTTPError, HTTPException, RequestCancelled, asyncio.CancelledError)
 
 
@@ -140,8 +128,8 @@ class Pipeline:
                 value = await call(value, request)
             except _PASS_THROUGH:
                 raise
-            except Exception as exc:
-                raise StageFailed(name, exc) from exc
+            except BaseException as exc:  # noqa: B036 - SystemExit or KeyboardInterrupt in user code is a failed call
+                raise UserCodeError(name, exc) from exc
             if timer is not None:
                 timer(name, time.perf_counter() - started)
             return value
@@ -160,8 +148,8 @@ class Pipeline:
                     value = stage.call(value, request)
                 except _PASS_THROUGH:
                     raise
-                except Exception as exc:
-                    raise StageFailed(stage.name, exc) from exc
+                except BaseException as exc:  # noqa: B036 - SystemExit or KeyboardInterrupt in user code is a failed call
+                    raise UserCodeError(stage.name, exc) from exc
                 if timer is not None:
                     timer(stage.name, time.perf_counter() - started)
             return value

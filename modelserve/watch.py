@@ -1,17 +1,17 @@
-"""Watching requests: cancel one when its timeout passes or its client disconnects.
+"""Watching calls: cancel one when its timeout passes or its caller stops wanting the answer.
 
-A per-request timer costs more than a small model's whole request, so one `Watchdog` per API ticks every
-few milliseconds while requests are in flight and looks after all of them: it expires the ones past their
-deadline and, for those running longer than `WATCH_AFTER`, starts a task that waits for the client's
-disconnect. Short requests never pay for a watcher task; a disconnect or a timeout is noticed at most one
-tick (`TICK`) late.
+A per-call timer costs more than a small model's whole request, so one `Watchdog` per API ticks every few
+milliseconds while calls are in flight and looks after all of them: it expires the ones past their deadline
+and, for those running longer than `WATCH_AFTER`, starts a task that awaits the caller's `cancelled`
+awaitable (an HTTP client's disconnect, a job's DELETE: the transport decides what it means). Short calls
+never pay for a watcher task; a cancellation or a timeout is noticed at most one tick (`TICK`) late.
 """
 
 from __future__ import annotations
 
 import asyncio
-
-from starlette.types import Receive
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from modelserve.context import RequestContext
 
@@ -22,14 +22,20 @@ TICK = 0.005
 
 
 class Watch:
-    """One request under watch: cancels the request's task on timeout or client disconnect."""
+    """One call under watch: cancels the call's task on timeout or when `cancelled()` completes."""
 
-    __slots__ = ("ctx", "task", "receive", "armed", "started", "deadline", "watchdog", "_watcher")
+    __slots__ = ("ctx", "task", "cancelled", "armed", "started", "deadline", "watchdog", "_watcher")
 
-    def __init__(self, watchdog: Watchdog, ctx: RequestContext, receive: Receive, timeout: float | None) -> None:
+    def __init__(
+        self,
+        watchdog: Watchdog,
+        ctx: RequestContext,
+        cancelled: Callable[[], Awaitable[Any]] | None,
+        timeout: float | None,
+    ) -> None:
         self.ctx = ctx
         self.task = asyncio.current_task()
-        self.receive = receive
+        self.cancelled = cancelled
         self.armed = True
         self.watchdog = watchdog
         self.started = watchdog.now()
@@ -48,8 +54,8 @@ class Watch:
         self._fire("timeout")
 
     def watch_now(self) -> None:
-        """Start waiting for the client's disconnect (at once for streams, else from the watchdog)."""
-        if self._watcher is None and self.armed:
+        """Start waiting for the caller's cancellation (at once for streams, else from the watchdog)."""
+        if self._watcher is None and self.armed and self.cancelled is not None:
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     @property
@@ -57,11 +63,9 @@ class Watch:
         return self._watcher is not None
 
     async def _watch(self) -> None:
-        while self.armed:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                self._fire("disconnect")
-                return
+        assert self.cancelled is not None
+        reason = await self.cancelled()
+        self._fire(reason if isinstance(reason, str) else "disconnect")
 
     def fired(self) -> bool:
         return self.ctx.cancelled and not self.armed
@@ -116,7 +120,7 @@ class Watchdog:
         for watch in list(self.active):
             if watch.deadline is not None and now >= watch.deadline:
                 watch.expire()
-            elif watch._watcher is None and watch.started <= watch_before:
+            elif watch._watcher is None and watch.cancelled is not None and watch.started <= watch_before:
                 watch.watch_now()
         if self.active:
             self._handle = self._loop.call_later(self.tick, self._tick)

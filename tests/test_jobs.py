@@ -314,7 +314,7 @@ def test_a_job_longer_than_the_timeout_fails_and_is_cancelled(served: Any) -> No
     server, root = served
     job_id = submit(server.url, {"sleep": 10}, api="limited").json()["id"]
     failed = wait_status(server.url, job_id, {"failed"}, api="limited")
-    assert failed["error"] == "the job took longer than the timeout of 0.3 s"
+    assert failed["error"] == "the call took longer than the timeout of 0.3 s"
     assert [run[2] for run in runs(root) if run[1] == job_id] == ["start", "cancelled", "end"]
     quick = submit(server.url, {"sleep": 0.05}, api="limited").json()["id"]
     assert wait_status(server.url, quick, {"completed"}, api="limited")["result"]["payload"] == {"sleep": 0.05}

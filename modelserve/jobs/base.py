@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from modelserve.codecs import encode_json
-from modelserve.errors import Conflict, ServiceUnavailable
 
 IN_QUEUE = "in_queue"
 IN_PROGRESS = "in_progress"
@@ -32,16 +31,6 @@ INTERRUPTED_TWICE = "the job was interrupted twice (its process stopped while ru
 #: How long a running job's lease lasts, and how often its owner renews it.
 LEASE_SECONDS = 5.0
 HEARTBEAT_SECONDS = 0.5
-
-
-class DuplicateJob(Conflict):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"a job with id {job_id!r} already exists; send another X-Request-ID")
-
-
-class JobQueueFull(ServiceUnavailable):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the job queue is full ({limit} jobs waiting); retry later")
 
 
 @dataclass

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from modelserve.errors import DuplicateJob, JobQueueFull
 from modelserve.jobs.base import (
     CANCELLED,
     ENDED,
     IN_PROGRESS,
     IN_QUEUE,
     ClaimedJob,
-    DuplicateJob,
-    JobQueueFull,
     JobStore,
     JobView,
     NewJob,
     now,
 )
+
+if TYPE_CHECKING:
+    from modelserve.config import JobsConfig
 
 
 class _Record:
@@ -39,6 +43,10 @@ class MemoryStore(JobStore):
     """Jobs in dictionaries of this process. Not shared, not durable: refused with ``--workers`` > 1."""
 
     description = "memory"
+
+    @classmethod
+    def from_config(cls, jobs: JobsConfig, root: Path) -> MemoryStore:
+        return cls()
 
     def __init__(self) -> None:
         self._jobs: dict[str, dict[str, _Record]] = {}

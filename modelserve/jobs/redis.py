@@ -13,21 +13,24 @@ job's hash expires after the API's ``result_ttl`` (Redis key expiry); queued and
 from __future__ import annotations
 
 import re
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from modelserve.errors import LoadError, MissingExtraError
+from modelserve.errors import DuplicateJob, JobQueueFull, LoadError, MissingExtraError
 from modelserve.jobs.base import (
     INTERRUPTED_TWICE,
     LEASE_SECONDS,
     MAX_ATTEMPTS,
     ClaimedJob,
-    DuplicateJob,
-    JobQueueFull,
     JobStore,
     JobView,
     NewJob,
     now,
 )
+
+if TYPE_CHECKING:
+    from modelserve.config import JobsConfig
+
 
 SUBMIT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'duplicate' end
@@ -150,6 +153,10 @@ class RedisStore(JobStore):
     durable = True
     shared = True
     poll_interval = 0.02
+
+    @classmethod
+    def from_config(cls, jobs: JobsConfig, root: Path) -> RedisStore:
+        return cls(jobs.store, jobs.prefix)
 
     def __init__(self, url: str, prefix: str) -> None:
         self.url = url

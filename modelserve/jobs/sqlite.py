@@ -1,5 +1,9 @@
 """The default job store: one SQLite file, durable, shared by the processes of one machine.
 
+if TYPE_CHECKING:
+    from modelserve.config import JobsConfig
+
+
 The database runs in WAL mode with ``synchronous=NORMAL``: a committed job survives the process being
 killed (kill -9, OOM), and readers never wait for writers. Every statement runs on one thread per process
 that owns the connection, so the event loop never waits for the disk or for another process's lock.
@@ -12,9 +16,9 @@ import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from modelserve.errors import HTTPError, LoadError
+from modelserve.errors import DuplicateJob, HTTPError, JobQueueFull, LoadError
 from modelserve.jobs.base import (
     CANCELLED,
     FAILED,
@@ -24,13 +28,14 @@ from modelserve.jobs.base import (
     LEASE_SECONDS,
     MAX_ATTEMPTS,
     ClaimedJob,
-    DuplicateJob,
-    JobQueueFull,
     JobStore,
     JobView,
     NewJob,
     now,
 )
+
+if TYPE_CHECKING:
+    from modelserve.config import JobsConfig
 
 T = TypeVar("T")
 
@@ -81,6 +86,11 @@ class SQLiteStore(JobStore):
     durable = True
     shared = True
     poll_interval = 0.02
+
+    @classmethod
+    def from_config(cls, jobs: JobsConfig, root: Path) -> SQLiteStore:
+        path = Path(jobs.path)
+        return cls(path if path.is_absolute() else root / path)
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,7 +1,8 @@
 """The loop that runs one async API's jobs in this process.
 
 It claims the oldest queued job while fewer than ``max_concurrency`` of its jobs run here, runs it through
-the API's backend, and records the outcome. It is woken at once by a submit in the same process and polls
+`Api.call` (the timeout and cancellation of a realtime request: a DELETE cancels like a disconnect), and
+records the outcome. It is woken at once by a submit in the same process and polls
 the store (every `JobStore.poll_interval`) for jobs submitted elsewhere. Beside it, a heartbeat renews the
 leases of its running jobs, notices jobs cancelled from another process, requeues jobs of dead processes
 and sweeps expired records.
@@ -19,12 +20,11 @@ import orjson
 
 from modelserve.codecs import EncodeError, encode_json
 from modelserve.context import RequestContext, current
-from modelserve.errors import HTTPError
+from modelserve.errors import ClientDisconnected, HTTPError, UserCodeError
 from modelserve.jobs.base import COMPLETED, FAILED, HEARTBEAT_SECONDS, ClaimedJob, JobStore
-from modelserve.pipeline import RequestCancelled, StageFailed
 
 if TYPE_CHECKING:
-    from modelserve.apis import Api
+    from modelserve.api import Api
 
 logger = logging.getLogger("modelserve")
 
@@ -41,16 +41,16 @@ def decode_stored(kind: str, payload: bytes) -> Any:
     return payload
 
 
-class JobTimedOut(Exception):
-    """A job ran longer than its API's `timeout`."""
-
-
 class _Running:
-    __slots__ = ("task", "ctx")
+    """A job running here: its task, its context, and the event a DELETE sets."""
 
-    def __init__(self, task: asyncio.Task[None], ctx: RequestContext) -> None:
-        self.task = task
+    __slots__ = ("task", "ctx", "deleted")
+
+    task: asyncio.Task[None]
+
+    def __init__(self, ctx: RequestContext) -> None:
         self.ctx = ctx
+        self.deleted = asyncio.Event()
 
 
 class JobWorker:
@@ -72,6 +72,7 @@ class JobWorker:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        self.api.limiter.on_release = self._wake.set
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._claim_loop()), loop.create_task(self._heartbeat_loop())]
 
@@ -85,11 +86,13 @@ class JobWorker:
     async def _claim_loop(self) -> None:
         store = self.store
         limit = self.api.config.max_concurrency
+        limiter = self.api.limiter
         while not self._stopping:
             self._wake.clear()
-            while self.busy < limit and not self._stopping:
+            # A sync handler still running in its thread after its job left keeps its slot: count it.
+            while (free := limit - max(self.busy, limiter.running)) > 0 and not self._stopping:
                 try:
-                    jobs = await store.claim(self.name, self.owner, limit - self.busy)
+                    jobs = await store.claim(self.name, self.owner, free)
                 except Exception:
                     logger.exception("api '%s': could not claim a job from the %s", self.name, store.description)
                     await asyncio.sleep(1)
@@ -105,74 +108,45 @@ class JobWorker:
 
     def _start(self, job: ClaimedJob) -> None:
         ctx = RequestContext(self.name, job.id)
-        ctx.release_slot = self._release
         self.busy += 1
         self.api.metrics.job("in_progress")
-        task = asyncio.get_running_loop().create_task(self._run(job, ctx))
-        self.running[job.id] = _Running(task, ctx)
+        running = _Running(ctx)
+        running.task = asyncio.get_running_loop().create_task(self._run(job, running))
+        self.running[job.id] = running
 
-    def _release(self) -> None:
-        self.busy -= 1
-        self._wake.set()
-
-    async def _run(self, job: ClaimedJob, ctx: RequestContext) -> None:
+    async def _run(self, job: ClaimedJob, running: _Running) -> None:
+        """One job through `Api.call`: the API's timeout, and a DELETE as the call's cancellation."""
+        ctx = running.ctx
         current.set(ctx)
         started = time.perf_counter()
         status, result, error = FAILED, None, None
         try:
             payload = decode_stored(job.kind, job.payload)
-            value = await self._call(payload, job.id, ctx)
+            value = await self.api.call(payload, ctx, cancelled=running.deleted.wait)
             try:
                 result = encode_json(value)
                 status = COMPLETED
             except EncodeError as exc:
                 error = f"the result is not JSON-serialisable: {exc}"
-        except (asyncio.CancelledError, RequestCancelled):
-            if ctx.reason == "shutdown":
-                await self._give_back(job)
-                return
-            if not ctx.cancelled:
+        except asyncio.CancelledError:
+            if ctx.reason != "shutdown":
                 raise
-            logger.info("api '%s': job %s cancelled", self.name, job.id)
+            await self._give_back(job)
             return
-        except JobTimedOut as exc:
-            error = str(exc)
-            logger.warning("api '%s': job %s %s", self.name, job.id, error)
-        except StageFailed as exc:
-            error = f"{exc.stage} raised {type(exc.error).__name__}: {exc.error}"
-            logger.error("api '%s': job %s failed: %s", self.name, job.id, error, exc_info=exc.error)
-        except HTTPError as exc:
+        except ClientDisconnected:  # a DELETE, logged by Api.call
+            return
+        except UserCodeError as exc:  # logged by Api.call
+            error = exc.detail
+        except HTTPError as exc:  # a timeout (logged by Api.call), or a 4xx raised by user code
             error = exc.message
-            logger.warning("api '%s': job %s failed: %s", self.name, job.id, error)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             logger.exception("api '%s': job %s failed", self.name, job.id)
         finally:
             self.running.pop(job.id, None)
-            if ctx.leave():
-                self._release()
+            self.busy -= 1
+            self._wake.set()
         await self._record(job, status, result, error, time.perf_counter() - started)
-
-    async def _call(self, payload: Any, job_id: str, ctx: RequestContext) -> Any:
-        """The backend's run of one job, cancelled like a realtime request after the API's `timeout`."""
-        timeout = self.api.config.timeout
-        run = self.api.backend.run_job(payload, job_id, ctx)
-        if timeout is None:
-            return await run
-        task = asyncio.ensure_future(run)
-        try:
-            done, _ = await asyncio.wait([task], timeout=timeout)
-        except asyncio.CancelledError:  # cancelled by DELETE or shutdown: pass it on to the handler
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise
-        if done:
-            return task.result()
-        ctx.cancel("timeout")
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        self.api.metrics.cancelled("timeout")
-        raise JobTimedOut(f"the job took longer than the timeout of {timeout} s")
 
     async def _record(self, job: ClaimedJob, status: str, result: bytes | None, error: str | None, took: float) -> None:
         try:
@@ -202,9 +176,7 @@ class JobWorker:
         running = self.running.get(job_id)
         if running is None:
             return False
-        running.ctx.cancel("cancelled")
-        running.task.cancel()
-        self.api.metrics.cancelled("cancelled")
+        running.deleted.set()
         return True
 
     async def _heartbeat_loop(self) -> None:

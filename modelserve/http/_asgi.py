@@ -1,4 +1,4 @@
-"""Small raw-ASGI helpers shared by the endpoints: read a body, send an answer, send an error."""
+"""Raw ASGI helpers of the HTTP edge: read the headers and the body, send a whole answer, wait for a disconnect."""
 
 from __future__ import annotations
 
@@ -6,13 +6,9 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from modelserve.codecs import JSON_TYPE
+from modelserve.codecs import JSON_TYPE, encode_json
 from modelserve.context import sane_request_id
-from modelserve.errors import HTTPError, PayloadTooLarge, error_body
-
-
-class ClientGone(Exception):
-    """The client disconnected while its body was being read."""
+from modelserve.errors import ClientDisconnected, PayloadTooLarge
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -37,13 +33,18 @@ def request_headers(scope: Scope) -> tuple[str, str | None, str | None, str | No
     return sane_request_id(request_id), content_type, content_length, accept
 
 
-async def read_body(receive: Receive, limit: int, content_length: str | None) -> bytes:
-    """The whole request body, or `PayloadTooLarge` as soon as it is known to exceed `limit` bytes."""
+def check_length(limit: int, content_length: str | None) -> None:
+    """`PayloadTooLarge` for a declared length over `limit`, before a byte of the body is read."""
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
         raise PayloadTooLarge(f"request body of {content_length} bytes is larger than the limit of {limit} bytes")
+
+
+async def read_body(receive: Receive, limit: int, content_length: str | None) -> bytes:
+    """The whole request body, or `PayloadTooLarge` as soon as it is known to exceed `limit` bytes."""
+    check_length(limit, content_length)
     message = await receive()
     if message["type"] == "http.disconnect":
-        raise ClientGone()
+        raise ClientDisconnected()
     body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
         if len(body) > limit:
@@ -54,7 +55,7 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientGone()
+            raise ClientDisconnected()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -62,6 +63,19 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def disconnected(receive: Receive) -> Any:
+    """A `cancelled` awaitable for `Api.call`: completes when the client disconnects (after the body was read,
+    the server's next message for the request is the disconnect)."""
+
+    async def wait() -> str:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return "disconnect"
+
+    return wait
 
 
 async def send_body(
@@ -84,21 +98,17 @@ async def send_body(
 
 
 async def send_json(send: Send, status: int, value: Any, request_id: str) -> None:
-    from modelserve.codecs import encode_json
-
     await send_body(send, status, encode_json(value), JSON_TYPE, request_id)
 
 
-async def send_error(
-    send: Send,
-    status: int,
-    message: str,
-    request_id: str,
-    headers: dict[str, str] | None = None,
-) -> None:
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    await send_body(send, status, error_body(message, request_id), JSON_TYPE, request_id, extra)
+def without_body(send: Send) -> Send:
+    """A `send` that answers HEAD: the GET answer's status and headers, no body."""
 
+    async def send_head(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            if message.get("more_body", False):
+                return
+            message = {"type": "http.response.body", "body": b""}
+        await send(message)
 
-async def send_http_error(send: Send, error: HTTPError, request_id: str) -> None:
-    await send_error(send, error.status_code, error.message, request_id, error.headers)
+    return send_head

@@ -1,0 +1,248 @@
+"""An API of a project, and `Api.call`: one call of it, whatever transport asked for it.
+
+`Api.call` is the only way a request or a job reaches user code. It knows nothing of ASGI; it takes the
+decoded inputs and a request context, and either returns the result or raises a modelserve exception
+(`errors.py`). In order, it
+
+1. refuses the call when the API is not ready (`ServiceUnavailable`);
+2. takes a concurrency slot from the API's `Limiter`, waiting in its bounded line (`QueueFull` when full);
+3. runs the pipeline (or the batcher behind it) under a `Watch`: past the API's ``timeout`` the call is
+   cancelled and raises `GatewayTimeout`; when the caller's `cancelled` awaitable completes (an HTTP client
+   disconnects, a job is deleted) it is cancelled and raises `ClientDisconnected`;
+4. gives the slot back, unless a sync stage still runs in its thread: then the thread gives it back when the
+   user code returns, so that ``max_concurrency`` bounds user code and not only requests.
+
+A generator result comes back as a `Stream` that keeps the slot and the watch until the transport closes it.
+A cancellation that comes from outside (the server's shutdown) is not absorbed: `asyncio.CancelledError`
+goes on to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from modelserve.backends import Backend
+from modelserve.config import ApiConfig
+from modelserve.context import RequestContext
+from modelserve.errors import (
+    ClientDisconnected,
+    GatewayTimeout,
+    LoadError,
+    QueueFull,
+    RequestCancelled,
+    ServiceUnavailable,
+    UserCodeError,
+)
+from modelserve.limiter import Limiter
+from modelserve.metrics import ApiMetrics
+from modelserve.pipeline import run_in_thread
+from modelserve.watch import Watch, Watchdog
+
+logger = logging.getLogger("modelserve")
+
+#: Completes when the caller no longer wants the answer (an HTTP disconnect, a job's DELETE).
+Cancelled = Callable[[], Awaitable[Any]]
+
+
+class Api:
+    """One API: loads its backend once, tells whether it is ready, and runs its calls."""
+
+    def __init__(self, config: ApiConfig, backend: Backend, metrics: ApiMetrics) -> None:
+        self.name = config.name
+        self.config = config
+        self.backend = backend
+        self.metrics = metrics
+        # With batching, the requests of the running calls and of one more full batch are admitted: while a
+        # batch runs the next one fills up (admitting only the running ones would split them into two halves,
+        # one running while the other waits). max_queue_length still bounds the requests waiting beyond those.
+        if config.batching is not None:
+            admitted = (config.max_concurrency + 1) * config.batching.max_batch_size
+        else:
+            admitted = config.max_concurrency
+        self.limiter = Limiter(admitted, config.max_queue_length)
+        self.watchdog = Watchdog()
+        self.state = "loading"
+        self.error: str | None = None
+        self.ready = False
+
+    async def load(self) -> None:
+        started = time.perf_counter()
+        try:
+            await self.backend.load()
+        except LoadError as exc:
+            self.state, self.error = "failed", str(exc)
+            raise
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise LoadError(f"api '{self.name}': loading failed: {self.error}") from exc
+        seconds = time.perf_counter() - started
+        self.metrics.load_time.set(seconds)
+        self.state = "ready"
+        self.ready = True
+        logger.info("api '%s' is ready (loaded in %.2f s)", self.name, seconds)
+
+    def not_ready(self) -> ServiceUnavailable:
+        """The answer to a call that comes before the API has loaded (or after it failed to)."""
+        if self.state == "failed":
+            return ServiceUnavailable(f"api '{self.name}' failed to load; see the server log", retry_after=30)
+        return ServiceUnavailable(f"api '{self.name}' is loading; retry later")
+
+    async def call(
+        self,
+        value: Any,
+        ctx: RequestContext,
+        *,
+        request: Any = None,
+        cancelled: Cancelled | None = None,
+    ) -> Any:
+        """Run one call of the API: `value` is the decoded inputs, `request` what a stage taking the request
+        receives. Returns the result (a `Stream` for a generator) or raises (see the module's docstring)."""
+        if not self.ready:
+            raise self.not_ready()
+        limiter = self.limiter
+        watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout)
+        acquired = streaming = False
+        try:
+            await limiter.acquire()
+            acquired = True
+            ctx.release_slot = limiter.release
+            result = await self.backend.pipeline.run(value, request, ctx)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                streaming = True
+                return Stream(self, result, ctx, watch)
+            return result
+        except QueueFull:
+            self.metrics.queue_full.inc()
+            raise
+        except (asyncio.CancelledError, RequestCancelled):
+            if not watch.fired():
+                raise
+            watch.absorb_cancel()
+            raise self.cancelled(ctx) from None
+        except UserCodeError as exc:
+            log_user_error(self.name, ctx, exc)
+            raise
+        finally:
+            if not streaming:
+                watch.disarm()
+                if acquired and ctx.leave():
+                    limiter.release()
+
+    def cancelled(self, ctx: RequestContext) -> GatewayTimeout | ClientDisconnected:
+        """The exception a call cancelled by its watch ends with, counted and logged here (once)."""
+        reason = ctx.reason or "disconnect"
+        self.metrics.cancelled(reason)
+        if reason == "timeout":
+            timeout = self.config.timeout
+            logger.warning("api '%s': request timed out after %s s (504)", self.name, timeout)
+            return GatewayTimeout(f"the call took longer than the timeout of {timeout} s")
+        logger.info("api '%s': %s; request cancelled (499)", self.name, _CANCEL_REASONS.get(reason, reason))
+        return ClientDisconnected(f"cancelled: {reason}")
+
+    def refresh_gauges(self) -> None:
+        self.metrics.in_flight.set(self.limiter.running)
+        self.metrics.waiting.set(self.limiter.waiting)
+
+    def describe(self) -> dict[str, Any]:
+        handler = self.config.handler
+        return {
+            "name": self.name,
+            "kind": self.config.kind,
+            "state": self.state,
+            "backend": self.backend.kind,
+            "config_keys": sorted(handler.config) if handler is not None else [],
+            "max_concurrency": self.config.max_concurrency,
+            "max_queue_length": self.config.max_queue_length,
+            "timeout": self.config.timeout,
+            **self.backend.describe(),
+        }
+
+
+#: How the log says why a call was cancelled, by the reason its `cancelled` awaitable gave.
+_CANCEL_REASONS = {"disconnect": "client disconnected", "cancelled": "job cancelled by a DELETE"}
+
+
+def log_user_error(api: str, ctx: RequestContext, exc: UserCodeError) -> None:
+    """The one log line of a failure in user code, with its traceback."""
+    error = exc.error
+    logger.error(
+        "api '%s': %s",
+        api,
+        exc.detail,
+        exc_info=(type(error), error, error.__traceback__) if error is not None else None,
+    )
+
+
+_END = object()
+
+
+class Stream:
+    """A generator's chunks, one `next()` at a time; holds the API's slot and watch until `aclose()`.
+
+    Sync generators are advanced in a worker thread, never on the event loop. A chunk that raises ends the
+    stream with `UserCodeError` (logged once here); `aclose()` closes the generator so that its ``finally``
+    runs, and gives the slot back.
+    """
+
+    END = _END
+
+    def __init__(self, api: Api, gen: Any, ctx: RequestContext, watch: Watch) -> None:
+        self.api = api
+        self.gen = gen
+        self.ctx = ctx
+        self.watch = watch
+        self.is_async = inspect.isasyncgen(gen)
+        self._closed = False
+        # A stream may run as long as it keeps sending: its client's disconnect is watched from the start.
+        watch.watch_now()
+
+    def _step(self) -> Any:
+        try:
+            return next(self.gen)
+        except StopIteration:
+            return _END
+
+    async def next(self) -> Any:
+        """The next chunk, or `Stream.END`."""
+        try:
+            if self.is_async:
+                try:
+                    return await self.gen.__anext__()
+                except StopAsyncIteration:
+                    return _END
+            return await run_in_thread(self._step, ctx=self.ctx, on_abandon=self.gen.close)
+        except (asyncio.CancelledError, RequestCancelled):
+            if not self.watch.fired():
+                raise
+            self.watch.absorb_cancel()
+            raise self.api.cancelled(self.ctx) from None
+        except UserCodeError:
+            raise
+        except BaseException as exc:  # noqa: B036 - user code's SystemExit is a failed stream, not an exit
+            error = UserCodeError("the stream", exc)
+            log_user_error(self.ctx.api, self.ctx, error)
+            raise error from exc
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.watch.disarm()
+        try:
+            if self.is_async:
+                await self.gen.aclose()
+            else:
+                try:
+                    self.gen.close()
+                except ValueError:
+                    pass  # still running in its worker thread, which closes it when next() returns
+        except Exception as exc:
+            logger.warning("api '%s': closing the stream raised %r", self.ctx.api, exc)
+        finally:
+            if self.ctx.leave():
+                self.api.limiter.release()

@@ -1,0 +1,204 @@
+"""The HTTP edge's app: `create_app` turns a project folder (or a class) into a Starlette app.
+
+The app's routes are one `RouteTable` built by `routes()`: the server's own (``/healthz``, ``/readyz``,
+``/metrics``), the realtime APIs and the async APIs' job routes. While no middleware is added the app hands
+HTTP requests straight to the table (Starlette's error middleware and router would only add their cost, a
+tenth of a small model's request); with middleware, the table sits behind Starlette's usual stack.
+
+Constructing and loading the APIs starts on the app's first ASGI event, lifespan or request, so it works
+whether the app runs alone or is mounted inside another app (which does not forward lifespan events);
+meanwhile ``/readyz`` and the APIs answer 503.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from modelserve.codecs import JSON_TYPE
+from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, load_project_config
+from modelserve.errors import ConfigError, ServiceUnavailable
+from modelserve.http._asgi import request_headers, send_body, send_json
+from modelserve.http.errors import render, send_error
+from modelserve.http.jobs import JobsEndpoint
+from modelserve.http.realtime import RealtimeEndpoint
+from modelserve.http.routing import Route, RouteTable, TableRoute
+from modelserve.http.streaming import quiet_aborts
+from modelserve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from modelserve.project import prepare_environment
+from modelserve.server import LoadErrorCallback, ModelServer
+
+
+class ServerRoutes:
+    """The routes of the server itself: liveness, readiness, metrics."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self.server = server
+
+    async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"status": "ok"}, request_headers(scope)[0])
+
+    async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = request_headers(scope)[0]
+        states = {name: api.state for name, api in self.server.apis.items()}
+        if self.server.ready:
+            await send_json(send, 200, {"status": "ready", "apis": states}, request_id)
+            return
+        failed = [name for name, state in states.items() if state == "failed"]
+        not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}" if failed else "loading")
+        not_ready.extra = {"apis": states}
+        await send_error(send, not_ready, request_id)
+
+    async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self.server.metrics.exposition()
+        await send_body(send, 200, body, METRICS_CONTENT_TYPE.encode(), request_headers(scope)[0])
+
+
+def routes(server: ModelServer) -> list[Route]:
+    """The route table of a server: its APIs first, then the server's own routes."""
+    table: list[Route] = []
+    single = len(server.apis) == 1
+    for api in server.apis.values():
+        paths = [f"/{api.name}", "/"] if single else [f"/{api.name}"]
+        if api.config.kind == "async":
+            assert server.jobs is not None
+            jobs = JobsEndpoint(api, server.jobs)
+            for path in paths:
+                table.append(Route(path, {"GET": jobs.describe, "POST": jobs.submit}))
+            table.append(Route(f"/{api.name}/{{job_id}}", {"GET": jobs.show, "DELETE": jobs.cancel}))
+        else:
+            realtime = RealtimeEndpoint(api)
+            for path in paths:
+                table.append(Route(path, {"GET": realtime.get, "POST": realtime.post}))
+    own = ServerRoutes(server)
+    table += [
+        Route("/healthz", {"GET": own.healthz}),
+        Route("/readyz", {"GET": own.readyz}),
+        Route("/metrics", {"GET": own.metrics}),
+    ]
+    return table
+
+
+async def _unhandled(request: Request, exc: Exception) -> Response:
+    """A failure in middleware added by the user: the usual JSON 500 instead of Starlette's plain text."""
+    request_id = request_headers(request.scope)[0]
+    status, body, headers = render(exc, request_id)
+    response = Response(body, status, media_type=JSON_TYPE.decode())
+    for key, value in headers:
+        response.headers[key.decode("latin-1")] = value.decode("latin-1")
+    return response
+
+
+class ModelserveApp(Starlette):
+    """A Starlette app that serves a `ModelServer` and starts loading it on its first ASGI event."""
+
+    server: ModelServer
+
+    def __init__(self, server: ModelServer, base_url: str | None) -> None:
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            server.start()
+            try:
+                yield
+            finally:
+                await server.close()
+
+        self.server = server
+        self.table = RouteTable(routes(server))
+        self._base_url_known = base_url is not None or "MODELSERVE_URL" in os.environ
+        super().__init__(
+            routes=[TableRoute(self._http)],
+            exception_handlers={Exception: _unhandled},
+            lifespan=lifespan,
+        )
+        self.state.modelserve = server
+        quiet_aborts()
+
+    def build_middleware_stack(self) -> ASGIApp:
+        if self.user_middleware:
+            return super().build_middleware_stack()
+        return self._dispatch
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        else:
+            await self.router(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.server.started:
+            self.server.start()
+        if not self._base_url_known:
+            self._base_url_known = True
+            os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
+        await self.table(scope, receive, send)
+
+
+def _base_url_of(scope: Scope) -> str:
+    server = scope.get("server") or ("127.0.0.1", 80)
+    host, port = server[0], server[1]
+    netloc = host if port is None else f"{host}:{port}"  # a unix socket or a test transport has no port
+    return f"{scope.get('scheme', 'http')}://{netloc}{scope.get('root_path', '')}".rstrip("/")
+
+
+def create_app(
+    project_dir: str | os.PathLike[str] | None = None,
+    *,
+    handler: type | None = None,
+    name: str = "model",
+    config: dict[str, Any] | None = None,
+    base_url: str | None = None,
+    on_load_error: LoadErrorCallback | None = None,
+    jobs_store: str | None = None,
+    workers: int = 1,
+    **api_options: Any,
+) -> ModelserveApp:
+    """Build the ASGI app of a project folder, or of one handler class given directly.
+
+    From a folder (its ``modelserve.yaml``, a Truss folder, a Cortex project, or a lone ``model.py`` with a
+    class ``Model``)::
+
+        app = modelserve.create_app("examples/iris")
+
+    From a class, for tests and notebooks (``api_options`` are the keys of an API in modelserve.yaml)::
+
+        app = modelserve.create_app(handler=MyModel, name="echo", config={"greeting": "hi"},
+                                    max_concurrency=4)
+
+    Mounted inside another app, it serves ``POST /ml/<api>`` with no extra wiring::
+
+        Starlette(routes=[Mount("/ml", app=modelserve.create_app(path))])
+
+    `jobs_store` overrides the project's ``jobs: store:`` (sqlite, memory or a redis:// URL); `workers` is the
+    number of processes that will serve this project (some stores refuse more than one).
+
+    `base_url` is the URL the server is reached at (with the mount prefix); user code reads it as
+    ``MODELSERVE_URL`` to call the other APIs of the same server. Raises `ConfigError` for a bad project
+    folder and `LoadError` for user code that cannot be imported or has invalid signatures.
+    """
+    if (project_dir is None) == (handler is None):
+        raise ConfigError("create_app needs a project folder or a handler class (one of the two)")
+    if project_dir is not None:
+        project = load_project_config(os.fspath(project_dir))
+        prepare_environment(project.root, base_url)
+    else:
+        if base_url is not None:
+            os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
+        api = ApiConfig(name=name, handler=HandlerConfig(config=config or {}, obj=handler))
+        for key, value in api_options.items():
+            if not hasattr(api, key) or key in ("name", "handler"):
+                raise ConfigError(f"create_app: unknown API option {key!r}")
+            setattr(api, key, value)
+        project = ProjectConfig(root=Path.cwd(), apis=[api])
+    if jobs_store is not None:
+        project.jobs.store = jobs_store
+    server = ModelServer(project, on_load_error=on_load_error, workers=workers)
+    return ModelserveApp(server, base_url)

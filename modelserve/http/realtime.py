@@ -1,0 +1,121 @@
+"""The realtime endpoint: ``POST /<api>`` runs the API, ``GET``/``HEAD /<api>`` describe it.
+
+A raw ASGI handler (no Request/Response objects on the fast path): read the body, decode it only when a stage
+takes the inputs, `Api.call`, encode the result. Every error answer goes through `modelserve.http.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from modelserve.api import Api, Stream, log_user_error
+from modelserve.codecs import EncodeError, decode_payload, encode_result
+from modelserve.context import RequestContext, current
+from modelserve.errors import ServiceUnavailable, UserCodeError
+from modelserve.http._asgi import disconnected, read_body, request_headers, send_body, send_json
+from modelserve.http.errors import send_error
+from modelserve.http.streaming import send_stream
+from modelserve.logs import access_writer
+
+logger = logging.getLogger("modelserve")
+
+
+class RealtimeEndpoint:
+    """The handlers of one realtime API's route, by method."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.name = api.name
+        self.access_log = access_writer()
+
+    async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = request_headers(scope)[0]
+        await send_json(send, 200, self.api.describe(), request_id)
+
+    async def post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        request_id, content_type, content_length, accept = request_headers(scope)
+        ctx = RequestContext(self.name, request_id)
+        token = current.set(ctx)
+        try:
+            status = await self._run(scope, receive, send, ctx, content_type, content_length, accept)
+        except asyncio.CancelledError:
+            # The server's shutdown cancelled us after its grace period: answer a JSON 503 (the server's own
+            # answer would be a plain-text 500) and end the request quietly.
+            logger.warning("api '%s': request %s stopped by the server's shutdown (503)", self.name, request_id)
+            stopped = ServiceUnavailable("the server is shutting down; retry later")
+            try:
+                status = await send_error(send, stopped, request_id)
+            except Exception:  # the answer had begun, or the connection is gone
+                status = 503
+        except Exception as exc:
+            status = await send_error(send, exc, request_id)
+        finally:
+            current.reset(token)
+        seconds = time.perf_counter() - started
+        self.api.metrics.answered(status, seconds)
+        if self.access_log is not None:
+            self.access_log(scope, status, seconds, request_id, self.name)
+
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext,
+        content_type: str | None,
+        content_length: str | None,
+        accept: str | None,
+    ) -> int:
+        api = self.api
+        if not api.ready:
+            raise api.not_ready()
+        pipeline = api.backend.pipeline
+        body = await read_body(receive, api.config.max_body_size, content_length)
+        value = decode_payload(content_type, body) if pipeline.needs_inputs else None
+        request = None
+        if pipeline.needs_request:
+            request = _request_with_body(scope, body, ctx)
+        result = await api.call(value, ctx, request=request, cancelled=disconnected(receive))
+        if isinstance(result, Stream):
+            return await send_stream(send, result, accept)
+        if isinstance(result, Response):
+            result.headers["x-request-id"] = ctx.request_id
+            await result(scope, receive, send)
+            return result.status_code
+        try:
+            body, content_type_out = encode_result(result)
+        except EncodeError as exc:
+            error = UserCodeError("encoding the result", exc)
+            log_user_error(self.name, ctx, error)
+            raise error from None
+        await send_body(send, 200, body, content_type_out, ctx.request_id)
+        return 200
+
+
+def _request_with_body(scope: Scope, body: bytes, ctx: RequestContext) -> Request:
+    """A Starlette Request for user code: its receive replays the body already read, then reports a
+    disconnect once the call is cancelled (so ``await request.is_disconnected()`` tells the truth)."""
+    replayed = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        while not ctx.cancelled:
+            await asyncio.sleep(_DISCONNECT_POLL)
+        return {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+#: How often a user's own ``await request.receive()`` looks for the end of its call (is_disconnected never waits).
+_DISCONNECT_POLL = 0.05

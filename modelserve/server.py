@@ -1,0 +1,100 @@
+"""The server of a project, whatever the transport: its APIs, their loading, their metrics, its jobs service.
+
+User code is imported and validated when the server is built (a bad signature or a missing file is an
+error before anything is served); constructing and loading (``__init__`` and ``load()``) start with
+`start`, on the running event loop, and the APIs answer 503 until they are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from modelserve.api import Api
+from modelserve.backends import make_backend
+from modelserve.config import ProjectConfig
+from modelserve.errors import LoadError
+from modelserve.jobs.service import Jobs
+from modelserve.metrics import ApiMetrics, Metrics, MetricsClient
+
+logger = logging.getLogger("modelserve")
+
+LoadErrorCallback = Callable[[LoadError], None]
+
+
+class ModelServer:
+    """Everything one app serves: its APIs, their loading, their metrics, and the jobs of its async APIs."""
+
+    def __init__(
+        self,
+        project: ProjectConfig,
+        on_load_error: LoadErrorCallback | None = None,
+        workers: int = 1,
+    ) -> None:
+        self.project = project
+        self.workers = workers
+        self.metrics = Metrics()
+        self.metrics_client = MetricsClient(self.metrics)
+        self.on_load_error = on_load_error
+        self.apis: dict[str, Api] = {}
+        for config in project.apis:
+            api_metrics = ApiMetrics(self.metrics, config.name)
+            backend = make_backend(config, project.root, self.metrics_client, api_metrics)
+            api = Api(config, backend, api_metrics)
+            self.apis[config.name] = api
+            self.metrics.add_refresher(api.refresh_gauges)
+        async_apis = [api for api in self.apis.values() if api.config.kind == "async"]
+        #: The jobs service, when the project has async APIs.
+        self.jobs = Jobs(project.jobs, project.root, async_apis, self.metrics, workers) if async_apis else None
+        self._loading: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return all(api.ready for api in self.apis.values())
+
+    @property
+    def started(self) -> bool:
+        return self._loading is not None
+
+    @property
+    def graceful_timeout(self) -> float:
+        """Seconds that running async jobs get to finish at shutdown (the CLI's --graceful-timeout)."""
+        return self.jobs.graceful_timeout if self.jobs is not None else 30.0
+
+    @graceful_timeout.setter
+    def graceful_timeout(self, seconds: float) -> None:
+        if self.jobs is not None:
+            self.jobs.graceful_timeout = seconds
+
+    def start(self) -> None:
+        """Start loading every API, once, on the running loop."""
+        if self._loading is None:
+            self._loading = asyncio.get_running_loop().create_task(self._load_all())
+            self.metrics.start()
+
+    async def _load_all(self) -> None:
+        try:
+            for api in self.apis.values():
+                await api.load()
+            if self.jobs is not None:
+                await self.jobs.start()
+        except LoadError as exc:
+            logger.error("%s", exc)
+            if self.on_load_error is not None:
+                self.on_load_error(exc)
+
+    async def wait_loaded(self) -> None:
+        """Wait until loading has ended (successfully or not)."""
+        self.start()
+        assert self._loading is not None
+        await asyncio.shield(self._loading)
+
+    async def close(self) -> None:
+        if self.jobs is not None:
+            await self.jobs.stop()
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        for api in self.apis.values():
+            await api.backend.close()
+        await self.metrics.stop()
