@@ -101,7 +101,7 @@ def test_multiple_inputs_dtype_conversion_and_signature_key(client: TestClient, 
     ("api", "body", "fragments"),
     [
         ("iris", [[1, 2, 3, "x"]], ["input 'x'", "float32", "[null, 4]", "'x'"]),
-        ("iris", ROW, ["input 'x'", "[null, 4] (rank 2)", "received shape [4] (rank 1)"]),
+        ("iris", [1, 2, 3], ["input 'x'", "[null, 4] (rank 2)", "received shape [3] (rank 1), and its 3 values"]),
         ("iris", [[1, 2, 3]], ["input 'x'", "dimension 1 is 3, not 4"]),
         ("two", {"a": [[1, 2]], "b": [[0.5, 1]]}, ["input 'b'", "int32", "0.5"]),
         ("two", {"a": [[1, 2]]}, ["missing input 'b'", "'b' (int32 [null, 2])"]),

@@ -6,8 +6,9 @@ to the species with the highest score). No training, no data file: the means are
 
     python build_model.py [OUTPUT]        # default: model.onnx next to this script
 
-Input ``input`` float32 [4] (sepal length, sepal width, petal length, petal width, in cm); outputs ``label``
-int64 [1] (0 setosa, 1 versicolor, 2 virginica) and ``probabilities`` float32 [1, 3] (a softmax of the scores).
+Input ``input`` float32 [batch, 4] (rows of sepal length, sepal width, petal length, petal width, in cm), the
+shape sklearn and xgboost converters export; outputs ``label`` int64 [batch] (0 setosa, 1 versicolor,
+2 virginica) and ``probabilities`` float32 [batch, 3] (a softmax of the scores).
 """
 
 from __future__ import annotations
@@ -35,20 +36,18 @@ BIAS = (-0.5 * (MEANS**2).sum(axis=1)).astype(np.float32)  # [3]
 def build() -> onnx.ModelProto:
     graph = helper.make_graph(
         [
-            helper.make_node("Unsqueeze", ["input", "batch_axis"], ["row"]),
-            helper.make_node("MatMul", ["row", "weights"], ["product"]),
+            helper.make_node("MatMul", ["input", "weights"], ["product"]),
             helper.make_node("Add", ["product", "bias"], ["scores"]),
             helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=0),
             helper.make_node("Softmax", ["scores"], ["probabilities"], axis=1),
         ],
         "iris",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])],
         [
-            helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
-            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, 3]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3]),
         ],
         [
-            numpy_helper.from_array(np.array([0], dtype=np.int64), "batch_axis"),
             numpy_helper.from_array(WEIGHTS, "weights"),
             numpy_helper.from_array(BIAS, "bias"),
         ],

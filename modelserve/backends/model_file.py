@@ -68,6 +68,26 @@ def find_hooks(source: Any, label: str) -> dict[str, Any]:
     return hooks
 
 
+def refuse_class_without_hooks(source: Any, label: str) -> None:
+    """A handler file that defines a class but no hook is a Cortex handler class given where hooks were
+    expected: serving the model without it would silently ignore the user's code."""
+    if not isinstance(source, ModuleType):
+        return
+    classes = sorted(
+        name
+        for name, value in vars(source).items()
+        if isinstance(value, type) and value.__module__ == source.__name__ and not name.startswith("_")
+    )
+    if classes:
+        raise LoadError(
+            f"{label} defines class {', '.join(classes)} but no module-level pre_inference or post_inference; "
+            "with `model:` the handler file holds the hooks pre_inference(sample, signature, metadata) and/or "
+            "post_inference(prediction, signature, metadata). To serve the class as a Cortex handler (__init__("
+            "self, config, onnx_client | tensorflow_client) and handle_post(payload) or predict(payload)), set "
+            f"handler.class: {classes[0]}"
+        )
+
+
 class ModelFileBackend(Backend):
     """Serves `api.model` (an ONNX file or a SavedModel) with the hooks of `api.handler`."""
 
@@ -108,6 +128,8 @@ class ModelFileBackend(Backend):
                 assert handler.path is not None and root is not None
                 source, self.hooks_label = import_file(root, handler.path), handler.path
             self.hooks = find_hooks(source, f"{self.label}: {self.hooks_label}")
+            if not self.hooks:
+                refuse_class_without_hooks(source, f"{self.label}: {self.hooks_label}")
         threshold = self.config.inline_threshold_ms / 1000
         self.adaptive = {
             name: Adaptive(name, threshold, self.label) for name in ("pre_inference", "run", "post_inference")
@@ -218,6 +240,8 @@ class ModelFileBackend(Backend):
         adaptive = self.adaptive["run"]
         run = model.run
         as_response = model.as_response
+        # TensorFlow's post_inference gets flat lists (Cortex's form); ONNX's gets the runtime's list as it is.
+        for_hook = model.for_hook if type(model).for_hook is not LoadedModel.for_hook else None
         has_pre = "pre_inference" in self.hooks
         batched = self._batched_run() if self.api.batching is not None else None
 
@@ -232,7 +256,9 @@ class ModelFileBackend(Backend):
                 prediction = await batched(feeds)
             else:
                 prediction = await adaptive.call(run, feeds, size=_size(feeds))
-            return prediction if with_post else as_response(prediction)
+            if not with_post:
+                return as_response(prediction)
+            return prediction if for_hook is None else for_hook(prediction)
 
         return call
 

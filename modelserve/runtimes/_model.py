@@ -27,6 +27,10 @@ class LoadedModel:
     def run(self, feeds: dict[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
+    def for_hook(self, prediction: Any) -> Any:
+        """The ``prediction`` a post_inference hook receives: Cortex's form for this runtime (see the adapters)."""
+        return prediction
+
     def as_response(self, prediction: Any) -> dict[str, Any]:
         """The answer without a post_inference hook: an object keyed by output names."""
         raise NotImplementedError

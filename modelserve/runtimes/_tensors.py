@@ -6,6 +6,10 @@ or what a pre_inference hook returned) into numpy arrays of the right dtype and 
 dimensions. Anything it cannot use is a 400 (`BadRequest`) that names the input, what was expected and
 what was received: bad input is never a 500.
 
+A value of a lower rank than its input's is reshaped to the input's shape with the unknown dimensions taken
+as 1, when its element count fits, as Cortex did: four numbers fit ``[batch, 4]`` as ``[1, 4]``, a scalar
+fits ``[None]`` as ``[1]``. That check runs only when the rank differs, so matching values pay nothing.
+
 The converters are chosen once per input, at load; the request path only runs them.
 """
 
@@ -188,12 +192,15 @@ class InputConverter:
         self.names = tuple(spec.name for spec in inputs)
         self._single = self.inputs[0] if len(self.inputs) == 1 else None
         self._steps: dict[str, tuple[TensorSpec, Callable[[Any], np.ndarray], int, tuple[tuple[int, int], ...]]] = {}
+        #: The shape a value of lower rank is reshaped to: the input's, unknown dimensions as 1.
+        self._fits: dict[str, tuple[int, ...]] = {}
         for spec in self.inputs:
             if spec.dtype is None:
                 raise TypeError(f"input '{spec.name}' is of type {spec.type_name}; only tensor inputs are supported")
             rank = -1 if spec.shape is None else len(spec.shape)
             fixed = tuple((i, d) for i, d in enumerate(spec.shape or ()) if isinstance(d, int) and d >= 0)
             self._steps[spec.name] = (spec, converter_for(spec.dtype), rank, fixed)
+            self._fits[spec.name] = tuple(d if isinstance(d, int) and d >= 0 else 1 for d in (spec.shape or ()))
         # Inputs that share a named dimension ("batch") must agree on its size; the runtime would fail deep
         # inside the graph otherwise (a 500 for bad input).
         axes: dict[str, list[tuple[str, int]]] = {}
@@ -253,10 +260,8 @@ class InputConverter:
             ) from None
         shape = array.shape
         if rank >= 0 and len(shape) != rank:
-            raise BadRequest(
-                f"input '{name}': expected {spec.dtype_name} with shape {shape_text(spec.shape)} (rank {rank}); "
-                f"received shape {list(shape)} (rank {len(shape)})"
-            )
+            array = self._reshape(name, array)
+            shape = array.shape
         for axis, size in fixed:
             if shape[axis] != size:
                 raise BadRequest(
@@ -266,3 +271,16 @@ class InputConverter:
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         return array
+
+    def _reshape(self, name: str, array: np.ndarray) -> np.ndarray:
+        """A value of lower rank, reshaped to the input's shape with unknown dimensions as 1 (Cortex's rule);
+        a higher rank, or an element count that does not fit, is the precise 400."""
+        spec, _, rank, _ = self._steps[name]
+        target = self._fits[name]
+        if array.ndim < rank and array.size == math.prod(target):
+            return array.reshape(target)
+        fits = "" if array.ndim > rank else f", and its {array.size} values do not fill {list(target)}"
+        raise BadRequest(
+            f"input '{name}': expected {spec.dtype_name} with shape {shape_text(spec.shape)} (rank {rank}); "
+            f"received shape {list(array.shape)} (rank {array.ndim}){fits}"
+        )

@@ -2,7 +2,9 @@
 
 Importing this module imports TensorFlow (seconds); it is imported only for projects that serve a
 SavedModel. Hooks receive, as ``signature``, the map from signature key to the SavedModel's
-``SignatureDef`` protos (read from ``saved_model.pb``); ``prediction`` is a dict from output name to array.
+``SignatureDef`` protos (read from ``saved_model.pb``); ``prediction`` is a dict from output name to the
+output's values as a flat list, as Cortex gave it (Cortex parsed TensorFlow Serving's response into
+``{name: [values]}``: ``prediction["class_ids"][0]`` is a number, ``prediction["sample"]`` a list of tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from modelserve.config import ModelFileConfig
 
 logger = logging.getLogger("modelserve")
+
+DEFAULT_SIGNATURE_KEY = "serving_default"
 
 
 def _spec(name: str, spec: Any) -> TensorSpec:
@@ -70,6 +74,15 @@ def _decode(item: Any) -> Any:
     return item.decode("utf-8", "replace") if isinstance(item, bytes) else item
 
 
+def flat_values(prediction: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+    """Each output as a flat list of Python values, strings as text: Cortex's form of a prediction."""
+    flat = {}
+    for name, array in prediction.items():
+        values = array.ravel().tolist()
+        flat[name] = [_decode(item) for item in values] if array.dtype.kind in "OS" else values
+    return flat
+
+
 class TensorFlowModel(LoadedModel):
     format = "tensorflow"
 
@@ -85,6 +98,9 @@ class TensorFlowModel(LoadedModel):
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: tensor.numpy() for name, tensor in self.function(**feeds).items()}
+
+    def for_hook(self, prediction: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+        return flat_values(prediction)
 
     def as_response(self, prediction: dict[str, np.ndarray]) -> dict[str, Any]:
         return {name: _to_text(array) for name, array in prediction.items()}
@@ -103,6 +119,12 @@ def load(path: Path, config: ModelFileConfig) -> TensorFlowModel:
     except Exception as exc:
         raise LoadError(f"{config.path}: TensorFlow cannot load it: {exc}") from exc
     functions = getattr(loaded, "signatures", {})
+    if config.signature_key == DEFAULT_SIGNATURE_KEY and config.signature_key not in functions:
+        # Without a signature_key, Cortex served the only signature, else "predict" (an Estimator's export).
+        if len(functions) == 1:
+            config.signature_key = next(iter(functions))
+        elif "predict" in functions:
+            config.signature_key = "predict"
     if config.signature_key not in functions:
         known = ", ".join(sorted(functions)) or "none"
         raise LoadError(f"{config.path}: no signature {config.signature_key!r} (signatures: {known})")
