@@ -66,6 +66,8 @@ class Api:
             admitted = config.max_concurrency
         self.limiter = Limiter(admitted, config.max_queue_length)
         self.watchdog = Watchdog()
+        #: on_disconnect: notify tells running user code (is_cancelled) instead of cancelling it.
+        self.notify = config.on_disconnect == "notify"
         self.state = "loading"
         self.error: str | None = None
         self.ready = False
@@ -74,6 +76,8 @@ class Api:
         started = time.perf_counter()
         try:
             await self.backend.load()
+            if self.config.batching is not None:
+                self.backend.pipeline = self.backend.pipeline.limited(self.config.max_concurrency)
         except LoadError as exc:
             self.state, self.error = "failed", str(exc)
             raise
@@ -105,13 +109,15 @@ class Api:
         if not self.ready:
             raise self.not_ready()
         limiter = self.limiter
-        watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout)
+        watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout, self.notify)
         acquired = streaming = False
         try:
             await limiter.acquire()
             acquired = True
             ctx.release_slot = limiter.release
             result = await self.backend.pipeline.run(value, request, ctx)
+            if watch.fired():  # on_disconnect: notify, and the user's code returned after it was told
+                raise self.cancelled(ctx)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
                 streaming = True
                 return Stream(self, result, ctx, watch)

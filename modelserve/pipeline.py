@@ -35,6 +35,8 @@ class Stage:
     name: str
     call: StageCall
     is_async: bool
+    #: A stage that already serves many requests in one call (a batched predict): `Pipeline.limited` leaves it.
+    shared: bool = False
 
 
 def adapt(fn: Callable[..., Any], takes_inputs: bool, takes_request: bool) -> StageCall:
@@ -91,15 +93,32 @@ class Pipeline:
         needs_inputs: bool = True,
         needs_request: bool = False,
         timer: StageTimer | None = None,
+        stage_limit: int | None = None,
     ) -> None:
         self.stages = tuple(stages)
         self.needs_inputs = needs_inputs
         self.needs_request = needs_request
         self.timer = timer
+        #: At most this many calls of each stage that is not `shared` run at once (None: no limit of its own).
+        self.stage_limit = stage_limit
         self._steps = self._compile()
         #: ``await run(value, request, ctx)`` runs every stage in order, feeding each one's result to the next
         #: (a lone step is called directly: one coroutine less on every request).
         self.run: Step = self._steps[0] if len(self._steps) == 1 else self._run_steps
+
+    def limited(self, stage_limit: int) -> Pipeline:
+        """The same stages, with at most `stage_limit` calls of each unshared stage at once.
+
+        A batched API admits several requests per running batch; this keeps ``max_concurrency`` a promise
+        about each of the user's stages (with 1, preprocess is never called concurrently).
+        """
+        return Pipeline(
+            self.stages,
+            needs_inputs=self.needs_inputs,
+            needs_request=self.needs_request,
+            timer=self.timer,
+            stage_limit=stage_limit,
+        )
 
     def _compile(self) -> list[Step]:
         steps: list[Step] = []
@@ -107,14 +126,45 @@ class Pipeline:
         for stage in self.stages:
             if stage.is_async:
                 if group:
-                    steps.append(self._sync_step(tuple(group)))
+                    steps.append(self._limit(self._sync_step(tuple(group)), cancels=False))
                     group = []
-                steps.append(self._async_step(stage))
+                step = self._async_step(stage)
+                steps.append(step if stage.shared else self._limit(step, cancels=True))
             else:
                 group.append(stage)
         if group:
-            steps.append(self._sync_step(tuple(group)))
+            steps.append(self._limit(self._sync_step(tuple(group)), cancels=False))
         return steps
+
+    def _limit(self, step: Step, cancels: bool) -> Step:
+        """`step` holding one of `stage_limit` slots until its work has ended, even when its request leaves
+        first (a timeout, a disconnect): the request stops waiting at once; async work (`cancels`) is
+        cancelled, sync work in a thread cannot be and runs on, keeping its slot until it returns."""
+        if self.stage_limit is None:
+            return step
+        slots = asyncio.Semaphore(self.stage_limit)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            slots.release()
+            if not task.cancelled():
+                task.exception()  # retrieved: a failure after the request left is not "never retrieved"
+
+        async def limited(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            await slots.acquire()
+            try:
+                task = asyncio.ensure_future(step(value, request, ctx))
+            except BaseException:
+                slots.release()
+                raise
+            task.add_done_callback(done)
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if cancels:
+                    task.cancel()
+                raise
+
+        return limited
 
     def _async_step(self, stage: Stage) -> Step:
         call, name = stage.call, stage.name

@@ -22,9 +22,14 @@ TICK = 0.005
 
 
 class Watch:
-    """One call under watch: cancels the call's task on timeout or when `cancelled()` completes."""
+    """One call under watch: cancels the call's task on timeout or when `cancelled()` completes.
 
-    __slots__ = ("ctx", "task", "cancelled", "armed", "started", "deadline", "watchdog", "_watcher")
+    With `notify`, a completed `cancelled()` only marks the request context cancelled (user code sees it
+    through ``is_cancelled()`` or ``await request.is_disconnected()`` and stops by itself); the deadline
+    still cancels the task.
+    """
+
+    __slots__ = ("ctx", "task", "cancelled", "notify", "armed", "started", "deadline", "watchdog", "_fired", "_watcher")
 
     def __init__(
         self,
@@ -32,11 +37,14 @@ class Watch:
         ctx: RequestContext,
         cancelled: Callable[[], Awaitable[Any]] | None,
         timeout: float | None,
+        notify: bool = False,
     ) -> None:
         self.ctx = ctx
         self.task = asyncio.current_task()
         self.cancelled = cancelled
+        self.notify = notify
         self.armed = True
+        self._fired = False
         self.watchdog = watchdog
         self.started = watchdog.now()
         self.deadline = self.started + timeout if timeout is not None else None
@@ -44,11 +52,15 @@ class Watch:
         watchdog.add(self)
 
     def _fire(self, reason: str) -> None:
-        if self.armed and self.task is not None:
-            self.armed = False
-            self.watchdog.discard(self)
-            self.ctx.cancel(reason)
-            self.task.cancel()
+        if not self.armed or self.task is None:
+            return
+        self._fired = True
+        self.ctx.cancel(reason)
+        if self.notify and reason != "timeout":
+            return  # the deadline still holds: stay armed
+        self.armed = False
+        self.watchdog.discard(self)
+        self.task.cancel()
 
     def expire(self) -> None:
         self._fire("timeout")
@@ -68,7 +80,8 @@ class Watch:
         self._fire(reason if isinstance(reason, str) else "disconnect")
 
     def fired(self) -> bool:
-        return self.ctx.cancelled and not self.armed
+        """Whether this watch cancelled the call (or, with `notify`, told it to stop)."""
+        return self._fired
 
     def disarm(self) -> None:
         """Stop watching; call it before the final answer is sent (the server reports the end of a response
@@ -83,7 +96,7 @@ class Watch:
     def absorb_cancel(self) -> None:
         """Undo our own `task.cancel()` so that the task can go on to answer."""
         uncancel = getattr(self.task, "uncancel", None)
-        if uncancel is not None:
+        if uncancel is not None and self.task is not None and self.task.cancelling():  # Python >= 3.11
             uncancel()
 
 
