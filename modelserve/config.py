@@ -50,6 +50,20 @@ class ModelFileConfig:
 
 
 @dataclass
+class CortexConfig:
+    """A Cortex handler: a class of Cortex 0.19-0.35 (``Handler``, ``PythonPredictor``, ``TensorFlowPredictor``,
+    ``ONNXPredictor``) or a predictor module of Cortex 0.11 (module-level ``init`` and ``predict``)."""
+
+    #: python, tensorflow or onnx: which client the constructor gets.
+    type: str = "python"
+    #: "class" or "module".
+    style: str = "class"
+    #: The models of the client by name; a lone model is named "" (any model_name reaches it, as in Cortex).
+    #: For type python, `format` is "python": the path is given to the handler's load_model(model_path).
+    models: dict[str, ModelFileConfig] = field(default_factory=dict)
+
+
+@dataclass
 class BatchingConfig:
     max_batch_size: int = 8
     max_wait_ms: float = 0.0
@@ -69,6 +83,8 @@ class ApiConfig:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
+    #: Set for Cortex handlers (cortex.yaml projects, or `model:` with `handler.class`).
+    cortex: CortexConfig | None = None
 
 
 @dataclass

@@ -6,7 +6,9 @@ Before any user code is imported:
   win (deployment settings override the file, as with docker and twelve-factor apps);
 * the project folder becomes the working directory, so ``open("values.json")`` finds the project's files,
   and it is put first on ``sys.path`` so user files can import each other;
-* ``MODELSERVE_URL`` is set to the server's base URL when it is known.
+* ``MODELSERVE_URL`` is set to the server's base URL when it is known;
+* import paths that other servers' user code expects (``cortex_internal.lib.log``) are appended to
+  ``sys.path``, last, so that a real package of that name, when installed, is found first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from modelserve.errors import LoadError
 
 _modules: dict[Path, ModuleType] = {}
 _PACKAGE_DIR = Path(__file__).resolve().parent
+_SHIMS_DIR = _PACKAGE_DIR / "compat" / "_shims"
 
 
 def prepare_environment(root: Path, base_url: str | None = None) -> None:
@@ -38,6 +41,8 @@ def prepare_environment(root: Path, base_url: str | None = None) -> None:
         sys.path.insert(0, str(root))
     if base_url is not None:
         os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
+    if str(_SHIMS_DIR) not in sys.path:
+        sys.path.append(str(_SHIMS_DIR))
 
 
 def import_file(root: Path, relative_path: str) -> ModuleType:

@@ -1,7 +1,8 @@
 """Backends: what answers an API's requests once loaded.
 
 One module per kind: `model_class` (a Truss-style Model class), `model_file` (an ONNX file or a TensorFlow
-SavedModel with optional hooks) and `handler_class` (a Cortex-style async Handler). `make_backend` picks
+SavedModel with optional hooks), `handler_class` (a Cortex-style async Handler) and `cortex_handler` (Cortex's
+handler classes and predictor modules, from cortex.yaml projects). `make_backend` picks
 one from an API's configuration; the rest of the server only sees the `Backend` interface.
 """
 
@@ -57,6 +58,17 @@ def make_backend(
     api_metrics: ApiMetrics,
 ) -> Backend:
     """Pick and build (import and validate, not yet load) the backend an API's configuration names."""
+    if api.cortex is None and api.model is not None and api.handler is not None and api.handler.class_name:
+        # A model with a handler class: a Cortex TensorFlow/ONNX handler whose client serves that model.
+        from dataclasses import replace
+
+        from modelserve.config import CortexConfig
+
+        api = replace(api, model=None, cortex=CortexConfig(type=api.model.format, models={"": api.model}))
+    if api.cortex is not None:
+        from modelserve.backends.cortex_handler import CortexHandlerBackend
+
+        return CortexHandlerBackend(api, root, metrics_client, api_metrics)
     if api.model is not None:
         from modelserve.backends.model_file import ModelFileBackend
 

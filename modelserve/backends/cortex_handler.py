@@ -1,0 +1,434 @@
+"""Cortex handlers: the classes of Cortex 0.19-0.35 and the predictor modules of Cortex 0.11.
+
+A class (``Handler`` in 0.32-0.35; ``PythonPredictor``, ``TensorFlowPredictor`` or ``ONNXPredictor`` before)
+is constructed once with the arguments its ``__init__`` names: ``config`` (the handler's ``config:``, a copy),
+``metrics_client``, and the client of its type: ``tensorflow_client`` / ``onnx_client`` (``predict(model_input,
+model_name=None, model_version="latest")`` on the API's models, with the input rules of a model API), or
+``python_client`` / ``model_client`` (``get_model(model_name=None, model_version="latest")``, the result of
+the class's ``load_model(model_path)``, loaded once at start).
+
+Requests: ``POST /<api>`` calls ``handle_post`` (or ``predict``), passing ``payload``, ``query_params`` and
+``headers`` to the parameters it names; an AsyncAPI's job calls ``handle_async(payload, request_id)``. As in
+Cortex 0.19-0.35, a ``str`` result is sent as text/plain, ``bytes`` as application/octet-stream, a starlette
+Response as it is and anything else as JSON; a ``(result, callback)`` pair runs the callback after the answer
+is sent. ``handle_get``, ``handle_put``, ``handle_patch`` and ``handle_delete`` are not served: modelserve's
+route answers GET with the API's description and other methods with 405 (see docs/compatibility.md).
+
+A module (Cortex 0.11 ``predictor:``) has ``init(model_path, metadata)``, called once at start, and
+``predict(sample, metadata)``, called on each ``POST``; its results are encoded as any modelserve result.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+from starlette.background import BackgroundTask
+from starlette.responses import Response
+
+from modelserve import runtimes
+from modelserve.backends import Backend
+from modelserve.codecs import encode_json
+from modelserve.context import current_request_id
+from modelserve.errors import BadRequest, LoadError
+from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
+from modelserve.pipeline import Pipeline, Stage
+from modelserve.project import describe_error, import_file
+from modelserve.runtimes._model import LoadedModel
+from modelserve.runtimes._tensors import InputConverter
+
+if TYPE_CHECKING:
+    from modelserve.config import ApiConfig, CortexConfig, ModelFileConfig
+    from modelserve.metrics import ApiMetrics, MetricsClient
+
+#: The class names Cortex looked for, newest first, by handler type.
+CLASS_NAMES = {
+    "python": ("Handler", "PythonPredictor"),
+    "tensorflow": ("Handler", "TensorFlowPredictor"),
+    "onnx": ("Handler", "ONNXPredictor"),
+}
+#: The constructor parameter that receives the client, by handler type.
+CLIENT_ARGS = {
+    "python": ("python_client", "model_client"),
+    "tensorflow": ("tensorflow_client",),
+    "onnx": ("onnx_client",),
+}
+REQUEST_ARGS = ("payload", "query_params", "headers")
+JOB_ARGS = ("payload", "request_id")
+OTHER_VERBS = ("handle_get", "handle_put", "handle_patch", "handle_delete")
+
+
+class CortexHandlerBackend(Backend):
+    """Serves a Cortex handler class or predictor module (`api.cortex`)."""
+
+    kind = "cortex_handler"
+
+    def __init__(self, api: ApiConfig, root: Path | None, metrics_client: MetricsClient, api_metrics: ApiMetrics):
+        assert api.cortex is not None and api.handler is not None
+        self.api = api
+        self.cortex: CortexConfig = api.cortex
+        self.root = root or Path.cwd()
+        self.metrics_client = metrics_client
+        self.api_metrics = api_metrics
+        self.config = api.handler.config
+        for model in self.cortex.models.values():
+            if model.format != "python":
+                runtimes.check_installed(model.format)
+        source = self._source()
+        self.instance: Any = None
+        self.client: Any = None
+        if self.cortex.style == "module":
+            self.cls = None
+            self._check_module(source)
+        else:
+            self.cls = source if isinstance(source, type) else self._find_class(source)
+            self._check_class(self.cls)
+
+    # ------------------------------------------------------------------------------------------------
+    # validation, when the app is created
+
+    def _source(self) -> Any:
+        handler = self.api.handler
+        assert handler is not None
+        if handler.obj is not None:
+            self.label = getattr(handler.obj, "__qualname__", repr(handler.obj))
+            return handler.obj
+        assert handler.path is not None
+        self.label = handler.path
+        return import_file(self.root, handler.path)
+
+    def _find_class(self, module: ModuleType) -> type:
+        names = CLASS_NAMES[self.cortex.type]
+        wanted = [self.api.handler.class_name] if self.api.handler and self.api.handler.class_name else list(names)
+        for name in wanted:
+            cls = getattr(module, name, None)
+            if isinstance(cls, type):
+                self.label = f"{self.label}:{name}"
+                return cls
+        raise LoadError(
+            f"api '{self.api.name}': {self.label} has no class {' or '.join(wanted)}; a Cortex "
+            f"{self.cortex.type} handler is a class with __init__(self, config"
+            + "".join(f", {arg}" for arg in CLIENT_ARGS[self.cortex.type][:1] if self.cortex.type != "python")
+            + ") and handle_post(self, payload) (or predict(self, payload) before Cortex 0.32)"
+        )
+
+    def _check_class(self, cls: type) -> None:
+        where = f"api '{self.api.name}': {self.label}"
+        problems: list[str] = []
+        init = cls.__init__ if cls.__init__ is not object.__init__ else None  # type: ignore[misc]
+        clients = CLIENT_ARGS[self.cortex.type]
+        known = {"self", "config", "metrics_client", "job_spec", *clients}
+        if init is not None:
+            missing = required_unknown_params(init, known)
+            if missing:
+                problems.append(
+                    f"{describe_callable(init, cls.__name__ + '.__init__')} requires {missing}; a Cortex "
+                    f"{self.cortex.type} handler's constructor may take config, {', '.join(clients)} and "
+                    "metrics_client"
+                )
+        names: tuple[str, ...]
+        allowed: tuple[str, ...]
+        if self.api.kind == "async":
+            names, allowed = ("handle_async",), JOB_ARGS
+        else:
+            names, allowed = ("handle_post", "predict"), REQUEST_ARGS
+        method_name = next((name for name in names if callable(getattr(cls, name, None))), None)
+        if method_name is None:
+            others = [name for name in OTHER_VERBS if callable(getattr(cls, name, None))]
+            also = f" ({', '.join(others)} are not served here: GET /<api> describes the API)" if others else ""
+            expected = (
+                "handle_async(self, payload, request_id)"
+                if self.api.kind == "async"
+                else (
+                    "handle_post(self, payload, query_params, headers) (or predict(...) before Cortex 0.32), "
+                    "each parameter optional"
+                )
+            )
+            problems.append(f"class {cls.__name__} needs a method {expected}{also}")
+        else:
+            method = getattr(cls, method_name)
+            missing = required_unknown_params(method, {"self", *allowed})
+            if missing:
+                problems.append(
+                    f"{describe_callable(method, cls.__name__ + '.' + method_name)} requires {missing}; it may "
+                    f"take only {', '.join(allowed)}"
+                )
+            if inspect.isasyncgenfunction(method) or inspect.isgeneratorfunction(method):
+                problems.append(f"{cls.__name__}.{method_name} is a generator; Cortex handlers return one result")
+            self.method_name = method_name
+            self.wants = set(select_kwargs(method, dict.fromkeys(allowed)))
+            self.is_async = inspect.iscoroutinefunction(method)
+        if self.cortex.type == "python" and self.cortex.models and not callable(getattr(cls, "load_model", None)):
+            problems.append(f"class {cls.__name__} has models configured but no method load_model(self, model_path)")
+        if problems:
+            raise LoadError(f"{where}: " + "; ".join(problems))
+        self.ignored = [name for name in OTHER_VERBS if callable(getattr(cls, name, None))]
+
+    def _check_module(self, module: Any) -> None:
+        where = f"api '{self.api.name}': {self.label}"
+        predict = getattr(module, "predict", None)
+        if not callable(predict):
+            raise LoadError(f"{where}: a Cortex predictor file needs a function predict(sample, metadata)")
+        for name, fn, args in (("predict", predict, 2), ("init", getattr(module, "init", None), 2)):
+            if fn is None:
+                continue
+            try:
+                inspect.signature(fn).bind(*([None] * args))
+            except TypeError:
+                expected = "predict(sample, metadata)" if name == "predict" else "init(model_path, metadata)"
+                raise LoadError(f"{where}: {describe_callable(fn, name)} must accept {expected}") from None
+            except ValueError:
+                pass
+        self.method_name, self.wants, self.ignored = "predict", {"payload"}, []
+        self.is_async = inspect.iscoroutinefunction(predict)
+
+    # ------------------------------------------------------------------------------------------------
+    # loading
+
+    async def load(self) -> None:
+        self.client = await anyio.to_thread.run_sync(self._make_client)
+        if self.cortex.style == "module":
+            await anyio.to_thread.run_sync(self._init_module)
+        else:
+            self.instance = await anyio.to_thread.run_sync(self._construct)
+            if isinstance(self.client, PythonClient) and self.cortex.models:
+                await anyio.to_thread.run_sync(self.client.load_all, self.instance.load_model, self.label)
+        self.pipeline = self._build_pipeline()
+
+    def _make_client(self) -> Any:
+        if self.cortex.type == "python":
+            return PythonClient({name: str(self.root / model.path) for name, model in self.cortex.models.items()})
+        models = {name: _load_model(self.root, model, self.api.name) for name, model in self.cortex.models.items()}
+        return ModelClient(models)
+
+    def _construct(self) -> Any:
+        assert self.cls is not None
+        available: dict[str, Any] = {
+            "config": copy.deepcopy(self.config),
+            "metrics_client": self.metrics_client,
+            "job_spec": None,
+        }
+        for name in CLIENT_ARGS[self.cortex.type]:
+            available[name] = self.client
+        cls = self.cls
+        init = getattr(cls, "__init__")  # noqa: B009 - mypy refuses cls.__init__
+        try:
+            return cls(**select_kwargs(init, available)) if init is not object.__init__ else cls()
+        except Exception as exc:
+            raise LoadError(
+                f"api '{self.api.name}': {self.label}: {cls.__name__}() raised {describe_error(exc)}"
+            ) from exc
+
+    def _init_module(self) -> None:
+        handler = self.api.handler
+        assert handler is not None
+        module = handler.obj if handler.obj is not None else import_file(self.root, handler.path or "")
+        init = getattr(module, "init", None)
+        self.module_predict = module.predict
+        if init is None:
+            return
+        model = self.cortex.models.get("")
+        model_path = str(self.root / model.path) if model is not None else None
+        try:
+            init(model_path, self.config)
+        except Exception as exc:
+            raise LoadError(f"api '{self.api.name}': {self.label}: init() raised {describe_error(exc)}") from exc
+
+    # ------------------------------------------------------------------------------------------------
+    # requests
+
+    def _build_pipeline(self) -> Pipeline:
+        if self.cortex.style == "module":
+            predict, metadata = self.module_predict, self.config
+            call = _module_call(predict, metadata, self.is_async)
+            needs_request = False
+        else:
+            method = getattr(self.instance, self.method_name)
+            realtime = self.api.kind != "async"
+            call = _class_call(method, self.wants, self.is_async, realtime)
+            needs_request = bool(self.wants & {"query_params", "headers"})
+        return Pipeline(
+            [Stage(self.method_name, call, self.is_async)],
+            needs_inputs="payload" in self.wants,
+            needs_request=needs_request,
+            timer=self.api_metrics.stage_timer,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        models = {name or "(single)": model.path for name, model in self.cortex.models.items()}
+        info: dict[str, Any] = {
+            "handler": self.label,
+            "type": self.cortex.type,
+            "method": {"name": self.method_name, "async": self.is_async, "takes": sorted(self.wants)},
+            "models": models,
+        }
+        if self.ignored:
+            info["not_served"] = self.ignored
+        return info
+
+    async def close(self) -> None:
+        if isinstance(self.client, ModelClient):
+            self.client.close()
+
+
+def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool) -> Any:
+    payload, query, headers, request_id = (
+        "payload" in wants,
+        "query_params" in wants,
+        "headers" in wants,
+        "request_id" in wants,
+    )
+
+    def arguments(value: Any, request: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if payload:
+            kwargs["payload"] = value
+        if query:
+            kwargs["query_params"] = request.query_params if request is not None else {}
+        if headers:
+            kwargs["headers"] = request.headers if request is not None else {}
+        if request_id:
+            kwargs["request_id"] = current_request_id()
+        return kwargs
+
+    finish = as_cortex_response if realtime else _no_change
+    if is_async:
+
+        async def call_async(value: Any, request: Any) -> Any:
+            return finish(await method(**arguments(value, request)))
+
+        return call_async
+    return lambda value, request: finish(method(**arguments(value, request)))
+
+
+def _module_call(predict: Any, metadata: dict[str, Any], is_async: bool) -> Any:
+    if is_async:
+
+        async def call_async(value: Any, request: Any) -> Any:
+            return await predict(value, metadata)
+
+        return call_async
+    return lambda value, request: predict(value, metadata)
+
+
+def _no_change(result: Any) -> Any:
+    return result
+
+
+def as_cortex_response(result: Any) -> Any:
+    """A handler's result as Cortex 0.19-0.35 sent it: str as text/plain, and a (result, callback) pair's
+    callback run after the answer is sent. Other results are left to modelserve's encoding (JSON, bytes)."""
+    callback = None
+    if isinstance(result, tuple) and len(result) == 2 and callable(result[1]):
+        result, callback = result
+    if isinstance(result, str):
+        return Response(result, media_type="text/plain", background=_task(callback))
+    if callback is None:
+        return result
+    if isinstance(result, Response):
+        result.background = _task(callback)
+        return result
+    if isinstance(result, (bytes, bytearray)):
+        return Response(bytes(result), media_type="application/octet-stream", background=_task(callback))
+    return Response(encode_json(result), media_type="application/json", background=_task(callback))
+
+
+def _task(callback: Any) -> BackgroundTask | None:
+    return BackgroundTask(callback) if callback is not None else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# clients
+
+
+def _load_model(root: Path, config: ModelFileConfig, api_name: str) -> tuple[LoadedModel, InputConverter]:
+    adapter = runtimes.adapter(config.format)
+    try:
+        model: LoadedModel = adapter.load(root / config.path, config)
+        converter = InputConverter(model.inputs)
+    except LoadError as exc:
+        raise LoadError(f"api '{api_name}': {exc}") from exc
+    except TypeError as exc:
+        raise LoadError(f"api '{api_name}': {config.path}: {exc}") from None
+    return model, converter
+
+
+class ModelClient:
+    """Cortex's ``tensorflow_client`` / ``onnx_client``: ``predict(model_input, model_name=None,
+    model_version="latest")`` on one of the API's models.
+
+    ``model_input`` is converted with the rules of a model API (a value of lower rank is reshaped to the input's
+    shape, unknown dimensions as 1); what does not fit is a 400. The result is Cortex's: for ONNX the list of
+    output arrays, for TensorFlow a dict from output name to a flat list of values.
+    """
+
+    def __init__(self, models: dict[str, tuple[LoadedModel, InputConverter]]) -> None:
+        self._models = models
+
+    def predict(self, model_input: Any, model_name: str | None = None, model_version: str = "latest") -> Any:
+        model, converter = self._pick(model_name)
+        prediction = model.run(converter(model_input))
+        return model.for_hook(prediction)
+
+    def _pick(self, model_name: str | None) -> tuple[LoadedModel, InputConverter]:
+        if "" in self._models:
+            return self._models[""]
+        if model_name is None:
+            raise BadRequest(f"model_name was not specified; choose one of {sorted(self._models)}")
+        try:
+            return self._models[model_name]
+        except KeyError:
+            raise BadRequest(f"model {model_name!r} not found; the models are {sorted(self._models)}") from None
+
+    def get_model(self, model_name: str | None = None, model_version: str = "latest") -> Any:
+        """The runtime's own model object (an onnxruntime session, a loaded SavedModel)."""
+        model, _ = self._pick(model_name)
+        return getattr(model, "session", None) or getattr(model, "loaded", None)
+
+    def close(self) -> None:
+        for model, _ in self._models.values():
+            model.close()
+
+
+class PythonClient:
+    """Cortex's ``python_client`` / ``model_client``: ``get_model(model_name=None, model_version="latest")``
+    returns what the handler's ``load_model(model_path)`` returned for that model, loaded once at start."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self._paths = paths
+        self._loaded: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def load_all(self, load_model: Any, label: str) -> None:
+        for name, path in self._paths.items():
+            try:
+                self._loaded[name] = load_model(_version_folder(path))
+            except Exception as exc:
+                raise LoadError(f"{label}: load_model({path!r}) raised {describe_error(exc)}") from exc
+
+    def get_model(self, model_name: str | None = None, model_version: str = "latest") -> Any:
+        if "" in self._loaded:
+            return self._loaded[""]
+        if model_name is None:
+            raise BadRequest(f"model_name was not specified; choose one of {sorted(self._loaded)}")
+        with self._lock:
+            try:
+                return self._loaded[model_name]
+            except KeyError:
+                raise BadRequest(f"model {model_name!r} not found; the models are {sorted(self._loaded)}") from None
+
+
+def _version_folder(path: str) -> str:
+    """Cortex gave load_model the folder of the model's highest version (``model/1/``) when there were
+    numbered versions, else the model's folder."""
+    folder = Path(path)
+    if folder.is_dir():
+        versions = [child for child in folder.iterdir() if child.is_dir() and child.name.isdigit()]
+        if versions:
+            return str(max(versions, key=lambda child: int(child.name)))
+    return path

@@ -1,0 +1,6 @@
+...
+from cortex_internal.lib.log import logger as cortex_logger
+
+class Handler:
+    def handle_post(self, payload):
+        cortex_logger.info("received payload", extra={"payload": payload})
