@@ -485,7 +485,9 @@ def test_a_handler_class_is_checked_when_the_app_is_created(tmp_path: Path, code
         assert fragment in str(caught.value)
 
 
-def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run_after(tmp_path: Path) -> None:
+def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run_after(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from starlette.testclient import TestClient
 
     import modelserve
@@ -498,18 +500,28 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
             + "        seen = {'payload': payload, 'q': query_params['q'], 'h': headers['x-name']}\n"
             + "        return seen, lambda: print('callback ran')\n",
             "predictor.py": "def predict(sample, metadata):\n    return 'label-' + sample['x'] + metadata['suffix']\n",
+            "predictor_class.py": "seen = []\n\n\nclass PythonPredictor:\n    def __init__(self, config):\n"
+            "        pass\n\n    def predict(self, payload):\n        return {'echo': payload}\n\n"
+            "    def post_predict(self, response, payload):\n        seen.append((response.body, payload))\n",
             "cortex.yaml": "- name: api\n  kind: RealtimeAPI\n  handler: {path: handler.py}\n"
-            "- kind: api\n  name: old\n  predictor: {path: predictor.py, metadata: {suffix: '!'}}\n",
+            "- kind: api\n  name: old\n  predictor: {path: predictor.py, metadata: {suffix: '!'}}\n"
+            "- name: pred\n  kind: RealtimeAPI\n  predictor: {type: python, path: predictor_class.py}\n",
         },
     )
     with TestClient(modelserve.create_app(root)) as client:
         answer = client.post("/api?q=1", json={"a": 1}, headers={"x-name": "n"})
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"payload": {"a": 1}, "q": "1", "h": "n"}
+        assert "callback ran" in capsys.readouterr().out  # the (result, callback) pair's callback
         text = client.post("/api?q=2", content="plain", headers={"content-type": "text/plain", "x-name": "n"})
         assert text.json()["payload"] == "plain"  # text/plain arrives as a str, as in Cortex
         old = client.post("/old", json={"x": "a"})
         assert old.json() == "label-a!"  # a v0.11 predictor's str is jsonify-ed
+        predicted = client.post("/pred", json=[1])
+        assert predicted.json() == {"echo": [1]}
+    from modelserve.project import import_file
+
+    assert import_file(root, "predictor_class.py").seen == [(b'{"echo":[1]}', [1])]  # post_predict ran after
 
 
 def test_cortex_internal_logger_is_modelserves_unless_a_real_one_is_installed(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.responses import Response
 
 from modelserve import runtimes
@@ -243,6 +243,7 @@ class CortexHandlerBackend(Backend):
     # requests
 
     def _build_pipeline(self) -> Pipeline:
+        needs_inputs = "payload" in self.wants
         if self.cortex.style == "module":
             predict, metadata = self.module_predict, self.config
             call = _module_call(predict, metadata, self.is_async)
@@ -250,11 +251,13 @@ class CortexHandlerBackend(Backend):
         else:
             method = getattr(self.instance, self.method_name)
             realtime = self.api.kind != "async"
-            call = _class_call(method, self.wants, self.is_async, realtime)
-            needs_request = bool(self.wants & {"query_params", "headers"})
+            post = getattr(self.instance, "post_predict", None) if realtime else None
+            call = _class_call(method, self.wants, self.is_async, realtime, post if callable(post) else None)
+            needs_request = bool(self.wants & {"query_params", "headers"}) or callable(post)
+            needs_inputs = needs_inputs or callable(post)
         return Pipeline(
             [Stage(self.method_name, call, self.is_async)],
-            needs_inputs="payload" in self.wants,
+            needs_inputs=needs_inputs,
             needs_request=needs_request,
             timer=self.api_metrics.stage_timer,
         )
@@ -276,34 +279,44 @@ class CortexHandlerBackend(Backend):
             self.client.close()
 
 
-def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool) -> Any:
-    payload, query, headers, request_id = (
-        "payload" in wants,
-        "query_params" in wants,
-        "headers" in wants,
-        "request_id" in wants,
-    )
+def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool, post: Any = None) -> Any:
+    """A handler method as a pipeline stage. Realtime results are sent as Cortex sent them; `post` is the
+    class's post_predict (Cortex 0.19-0.31), called with the response after it is sent."""
+    post_wants = set(select_kwargs(post, dict.fromkeys(("response", *REQUEST_ARGS)))) if post is not None else set()
 
-    def arguments(value: Any, request: Any) -> dict[str, Any]:
+    def arguments(names: set[str], value: Any, request: Any) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
-        if payload:
+        if "payload" in names:
             kwargs["payload"] = value
-        if query:
+        if "query_params" in names:
             kwargs["query_params"] = request.query_params if request is not None else {}
-        if headers:
+        if "headers" in names:
             kwargs["headers"] = request.headers if request is not None else {}
-        if request_id:
+        if "request_id" in names:
             kwargs["request_id"] = current_request_id()
         return kwargs
 
-    finish = as_cortex_response if realtime else _no_change
+    def finish(result: Any, value: Any, request: Any) -> Any:
+        if not realtime:
+            return result
+        if post is None:
+            return as_cortex_response(result)
+        response = as_cortex_response(result, always=True)
+        kwargs = arguments(post_wants, value, request)
+        if "response" in post_wants:
+            kwargs["response"] = response
+        tasks = BackgroundTasks([response.background] if response.background is not None else [])
+        tasks.add_task(post, **kwargs)
+        response.background = tasks
+        return response
+
     if is_async:
 
         async def call_async(value: Any, request: Any) -> Any:
-            return finish(await method(**arguments(value, request)))
+            return finish(await method(**arguments(wants, value, request)), value, request)
 
         return call_async
-    return lambda value, request: finish(method(**arguments(value, request)))
+    return lambda value, request: finish(method(**arguments(wants, value, request)), value, request)
 
 
 def _module_call(predict: Any, metadata: dict[str, Any], is_async: bool) -> Any:
@@ -316,22 +329,20 @@ def _module_call(predict: Any, metadata: dict[str, Any], is_async: bool) -> Any:
     return lambda value, request: predict(value, metadata)
 
 
-def _no_change(result: Any) -> Any:
-    return result
-
-
-def as_cortex_response(result: Any) -> Any:
+def as_cortex_response(result: Any, always: bool = False) -> Any:
     """A handler's result as Cortex 0.19-0.35 sent it: str as text/plain, and a (result, callback) pair's
-    callback run after the answer is sent. Other results are left to modelserve's encoding (JSON, bytes)."""
+    callback run after the answer is sent. Other results are left to modelserve's encoding (JSON, bytes)
+    unless `always` asks for a Response."""
     callback = None
     if isinstance(result, tuple) and len(result) == 2 and callable(result[1]):
         result, callback = result
     if isinstance(result, str):
         return Response(result, media_type="text/plain", background=_task(callback))
-    if callback is None:
+    if callback is None and not always:
         return result
     if isinstance(result, Response):
-        result.background = _task(callback)
+        if callback is not None:
+            result.background = _task(callback)
         return result
     if isinstance(result, (bytes, bytearray)):
         return Response(bytes(result), media_type="application/octet-stream", background=_task(callback))
