@@ -95,9 +95,10 @@ class Watch:
 
     def absorb_cancel(self) -> None:
         """Undo our own `task.cancel()` so that the task can go on to answer."""
-        uncancel = getattr(self.task, "uncancel", None)
-        if uncancel is not None and self.task is not None and self.task.cancelling():  # Python >= 3.11
-            uncancel()
+        # Task.cancelling() and uncancel() came with Python 3.11; before, a cancelled task stays cancellable.
+        cancelling = getattr(self.task, "cancelling", None)
+        if cancelling is not None and cancelling():
+            getattr(self.task, "uncancel")()  # noqa: B009
 
 
 class Watchdog:
