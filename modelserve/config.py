@@ -83,6 +83,16 @@ class ApiConfig:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
+    #: The folder the constructor gets as ``data_dir``, relative to the project (None: the project's data/).
+    data_dir: str | None = None
+    #: The secrets the constructor's ``secrets`` may read: name -> the value written in the declaration.
+    secrets: dict[str, str | None] = field(default_factory=dict)
+    #: The Truss config.yaml this API follows (a Truss folder, or ``truss:`` in modelserve.yaml).
+    truss: str | None = None
+    #: Environment variables set before the API's code is imported (variables already set win).
+    env: dict[str, str] = field(default_factory=dict)
+    #: Folders put on sys.path before the API's code is imported, relative to the project.
+    python_path: list[str] = field(default_factory=list)
     #: Set for Cortex handlers (cortex.yaml projects, or `model:` with `handler.class`).
     cortex: CortexConfig | None = None
 
@@ -223,6 +233,9 @@ _API_KEYS = {
     "max_body_size",
     "result_ttl",
     "batching",
+    "data_dir",
+    "secrets",
+    "truss",
 }
 _HANDLER_KEYS = {"path", "class", "config"}
 _MODEL_KEYS = {
@@ -313,6 +326,41 @@ def _parse_batching(raw: Any, where: str, problems: _Problems) -> BatchingConfig
     return config
 
 
+def _secret_names(value: Any) -> dict[str, str | None]:
+    """``secrets: [hf_token]`` or Truss's ``secrets: {hf_token: null}``: the names an API may read."""
+    if isinstance(value, list) and all(isinstance(name, str) and name for name in value):
+        return dict.fromkeys(value)
+    if isinstance(value, dict) and all(isinstance(name, str) and name for name in value):
+        return {name: None if default is None else str(default) for name, default in value.items()}
+    raise _Invalid("a list of secret names, or a mapping of names to null")
+
+
+def _apply_truss(api: ApiConfig, raw: dict[str, Any], where: str, root: Path, problems: _Problems) -> None:
+    """``truss: config.yaml``: the API gets what a Truss folder would (config, data_dir, secrets, packages)."""
+    from modelserve.compat.truss import log_not_applied, read_truss_config
+
+    path = problems.take(raw, "truss", _string, where)
+    if path is None:
+        return
+    try:
+        settings = read_truss_config(root, path)
+    except ConfigError as exc:
+        problems.add(where, f"key 'truss': {exc}")
+        return
+    log_not_applied(settings)
+    api.truss = path
+    if api.handler is None and "model" not in raw and "handler" not in raw:
+        api.handler = HandlerConfig(path=settings.handler_path, class_name=settings.class_name)
+    if api.handler is not None:
+        if api.handler.config:
+            problems.add(where, "give 'handler.config' or 'truss', not both ('truss' gives the whole config.yaml)")
+        api.handler.config = settings.config
+    if "max_concurrency" not in raw:
+        api.max_concurrency = settings.max_concurrency
+    api.data_dir, api.secrets = settings.data_dir, settings.secrets
+    api.env, api.python_path = settings.env, settings.python_path
+
+
 def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConfig | None:
     if not isinstance(raw, dict):
         problems.add(f"api #{index + 1}", f"expected a mapping, got {_describe(raw)}")
@@ -335,8 +383,13 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
         api.handler = _parse_handler(raw["handler"], where, root, problems)
     if raw.get("model") is not None:
         api.model = _parse_model(raw["model"], where, root, problems)
-    if "handler" not in raw and "model" not in raw:
+    if raw.get("truss") is not None:
+        _apply_truss(api, raw, where, root, problems)
+    elif "handler" not in raw and "model" not in raw:
         problems.add(where, "needs a 'handler' (a Python class) or a 'model' (an ONNX or TensorFlow file)")
+    api.data_dir = problems.take(raw, "data_dir", _string, where, api.data_dir)
+    if raw.get("secrets") is not None:
+        api.secrets = {**api.secrets, **problems.take(raw, "secrets", _secret_names, where, default={})}
     api.max_concurrency = problems.take(raw, "max_concurrency", _positive_int, where, api.max_concurrency)
     api.max_queue_length = problems.take(raw, "max_queue_length", _non_negative_int, where, api.max_queue_length)
     api.timeout = problems.take(raw, "timeout", _positive_number, where)
@@ -394,6 +447,15 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
     return ProjectConfig(root=root, apis=apis, jobs=jobs)
 
 
+def _truss_without_model_dir(path: Path) -> bool:
+    """A Truss config.yaml naming another model folder than ``model/``, or a Truss of its own server image."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and ("model_module_dir" in data or "docker_server" in data)
+
+
 def load_project_config(project_dir: str | Path) -> ProjectConfig:
     """Read a project folder: its modelserve.yaml, or a lone model.py with a class Model."""
     root = Path(project_dir).resolve()
@@ -406,7 +468,8 @@ def load_project_config(project_dir: str | Path) -> ProjectConfig:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{config_path} is not valid YAML: {exc}") from None
         return parse_project(data, root, str(config_path))
-    if (root / "config.yaml").is_file() and (root / "model").is_dir():
+    truss_config = root / "config.yaml"
+    if truss_config.is_file() and ((root / "model").is_dir() or _truss_without_model_dir(truss_config)):
         from modelserve.compat.truss import load_truss_project
 
         return load_truss_project(root)

@@ -33,6 +33,8 @@ class StageSpec:
     is_async: bool
     #: "sync" or "async" for a generator function (streaming), else None.
     generator: str | None = None
+    #: A pydantic model class the inputs are annotated with: the decoded body is validated into it.
+    input_model: type | None = None
 
     def bind(self, instance: Any) -> Callable[..., Any]:
         return getattr(instance, self.name)
@@ -158,13 +160,24 @@ def inspect_stage(cls: type, name: str, problems: list[str]) -> StageSpec | None
     takes_request = is_request[-1]
     takes_inputs = not is_request[0]
     generator = "async" if inspect.isasyncgenfunction(fn) else "sync" if inspect.isgeneratorfunction(fn) else None
+    input_model = _pydantic_model(_resolve_annotation(fn, params[0], hints)) if takes_inputs else None
     return StageSpec(
         name=name,
         takes_inputs=takes_inputs,
         takes_request=takes_request,
         is_async=inspect.iscoroutinefunction(fn),
         generator=generator,
+        input_model=input_model,
     )
+
+
+def _pydantic_model(annotation: Any) -> type | None:
+    """The annotation when it is a pydantic model class (pydantic is not imported: a model exists only if
+    the user's module imported it)."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    return None
 
 
 def inspect_model_class(cls: type, source: str = "") -> ModelSpec:
@@ -195,10 +208,8 @@ def inspect_model_class(cls: type, source: str = "") -> ModelSpec:
             f"{describe_callable(vars_of(cls, 'predict'), cls.__name__ + '.predict')}: takes only the request "
             "while preprocess is defined, so preprocess's output would be lost; take (inputs) or (inputs, request)"
         )
-    for name in ("preprocess", "postprocess"):
-        stage = by_name.get(name)
-        if stage is not None and stage.generator is not None:
-            problems.append(f"{cls.__name__}.{name} is a generator; only predict may stream")
+    # A generator preprocess hands its generator to predict; a generator postprocess streams the answer
+    # from predict's whole result (Truss allows both).
     if predict is not None and predict.generator is not None and post is not None:
         problems.append(
             f"{cls.__name__}.predict streams (it is a generator) and {cls.__name__}.postprocess would need its "

@@ -37,12 +37,32 @@ def prepare_environment(root: Path, base_url: str | None = None) -> None:
             if value is not None and key not in os.environ:
                 os.environ[key] = value
     os.chdir(root)
+    from modelserve.logs import add_user_code_dir
+
+    add_user_code_dir(str(root))
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     if base_url is not None:
         os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
     if str(_SHIMS_DIR) not in sys.path:
         sys.path.append(str(_SHIMS_DIR))
+
+
+def apply_api_environment(root: Path, env: dict[str, str], python_path: list[str]) -> None:
+    """What an API asks of the process before its code is imported (a Truss folder's
+    ``environment_variables`` and package folders): variables already set (or from ``.env``) win, and the
+    folders come right after the project folder on ``sys.path``, before installed packages."""
+    from modelserve.logs import add_user_code_dir
+
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    position = sys.path.index(str(root)) + 1 if str(root) in sys.path else 0
+    for relative in python_path:
+        folder = str((root / relative).resolve())
+        if folder not in sys.path:
+            sys.path.insert(position, folder)
+            position += 1
+        add_user_code_dir(folder)
 
 
 def import_file(root: Path, relative_path: str) -> ModuleType:

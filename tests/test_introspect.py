@@ -326,7 +326,6 @@ class PredictNotCallable:
         ),
         (NoPredict, "NoPredict has no predict method"),
         (PredictNotCallable, "PredictNotCallable has no predict method"),
-        (GeneratorPreprocess, "GeneratorPreprocess.preprocess is a generator; only predict may stream"),
         (StreamingPredictWithPostprocess, "StreamingPredictWithPostprocess.predict streams"),
     ],
 )
@@ -334,6 +333,25 @@ def test_refused_signatures(cls: type, expected: str) -> None:
     message = refusal(cls)
     assert message.startswith(f"model.py:{cls.__name__}: class {cls.__name__} cannot be served:")
     assert expected in message
+
+
+class GeneratorPostprocess:
+    def predict(self, inputs):
+        return inputs
+
+    async def postprocess(self, outputs):
+        for item in outputs:
+            yield item
+
+
+@pytest.mark.parametrize(
+    ("cls", "stage", "generator"),
+    [(GeneratorPreprocess, "preprocess", "sync"), (GeneratorPostprocess, "postprocess", "async")],
+)
+def test_generator_preprocess_and_postprocess_are_accepted(cls: type, stage: str, generator: str) -> None:
+    # As in Truss: a generator postprocess streams predict's whole result; a generator preprocess feeds predict.
+    spec = spec_of(cls).stage(stage)
+    assert spec is not None and spec.generator == generator
 
 
 @pytest.mark.parametrize("cls", [RequestFirst, SecondNotARequest, ThreeParameters, NoParameter])
@@ -425,4 +443,4 @@ def test_a_constructor_requiring_something_else_is_refused() -> None:
         check_constructor(NeedsSecret, "model.py:NeedsSecret")
     message = str(caught.value)
     assert "model.py:NeedsSecret" in message and "NeedsSecret.__init__(self, config, secret)" in message
-    assert "['secret']" in message and "config and metrics_client" in message
+    assert "['secret']" in message and "config, data_dir, secrets" in message

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from modelserve.backends import Backend, resolve_class
-from modelserve.backends.model_class import call_load, check_constructor, construct
+from modelserve.backends.model_class import call_load, check_constructor, construct, constructor_arguments
 from modelserve.context import RequestContext
 from modelserve.errors import LoadError
 from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
@@ -49,8 +49,7 @@ class HandlerClassBackend(Backend):
         self.has_load = callable(getattr(self.cls, "load", None))
 
     async def load(self) -> None:
-        config = self.api.handler.config if self.api.handler else {}
-        available = {"config": config, "metrics_client": self.metrics_client}
+        available = constructor_arguments(self.api, None, self.metrics_client)
         self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
         if self.has_load:
             load = getattr(self.cls, "load")  # noqa: B009

@@ -1,7 +1,12 @@
-"""A Truss-style Model class: optional load(), preprocess / predict / postprocess."""
+"""A Truss-style Model class: optional load(), preprocess / predict / postprocess.
+
+The constructor gets what Truss gives, by name (or all of it through ``**kwargs``): ``config``, ``data_dir``,
+``secrets``, ``environment``, ``lazy_data_resolver``, and modelserve's ``metrics_client``.
+"""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -9,17 +14,51 @@ import anyio.to_thread
 
 from modelserve.backends import Backend, resolve_class
 from modelserve.batching import Batcher
-from modelserve.errors import LoadError
+from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
 from modelserve.pipeline import Pipeline, Stage, StageCall, adapt, run_in_thread
-from modelserve.project import describe_error
-from modelserve.streaming import is_stream
+from modelserve.project import apply_api_environment, describe_error
+from modelserve.secrets import Secrets
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig
     from modelserve.metrics import ApiMetrics, MetricsClient
 
-CONSTRUCTOR_ARGS = ("config", "metrics_client")
+#: What a constructor may ask for by name (Truss's arguments, then modelserve's own).
+CONSTRUCTOR_ARGS = ("config", "data_dir", "secrets", "environment", "lazy_data_resolver", "metrics_client")
+
+
+class LazyDataResolver:
+    """Truss's ``lazy_data_resolver``: on Truss's platform it fetches ``data/`` while ``load()`` runs; here
+    the data is already in the project folder, so waiting for it returns at once."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+
+    def block_until_download_complete(self, log_stats: bool = True, issue_collect: bool = True) -> str:
+        return ""
+
+    def raise_if_not_collected(self) -> None:
+        return None
+
+
+def constructor_arguments(api: ApiConfig, root: Path | None, metrics_client: MetricsClient) -> dict[str, Any]:
+    """Everything a constructor may ask for (see `CONSTRUCTOR_ARGS`), for one API.
+
+    ``config`` is the API's ``handler.config`` (a Truss folder's whole config.yaml), ``data_dir`` the
+    project's ``data/`` folder (or the API's ``data_dir``), ``secrets`` a `Secrets` mapping of the names the
+    API declares, ``environment`` None (Truss's value when a deployment has no environment).
+    """
+    base = root if root is not None else Path.cwd()
+    data_dir = (base / (api.data_dir or "data")).resolve()
+    return {
+        "config": api.handler.config if api.handler else {},
+        "data_dir": data_dir,
+        "secrets": Secrets(api.secrets),
+        "environment": None,
+        "lazy_data_resolver": LazyDataResolver(data_dir),
+        "metrics_client": metrics_client,
+    }
 
 
 def _init_of(cls: type) -> Any:
@@ -37,7 +76,7 @@ def check_constructor(cls: type, label: str) -> None:
     if missing:
         raise LoadError(
             f"{label}: {describe_callable(_init_of(cls), cls.__name__ + '.__init__')} requires {missing}; "
-            "a constructor may take only config and metrics_client (or **kwargs)"
+            f"a constructor may take {', '.join(CONSTRUCTOR_ARGS)} (or **kwargs)"
         )
 
 
@@ -67,13 +106,17 @@ class StreamWithPostprocess(TypeError):
         )
 
 
+def _is_stream(value: Any) -> bool:
+    return inspect.isgenerator(value) or inspect.isasyncgen(value)
+
+
 def _refuse_streams(call: StageCall, is_async: bool) -> StageCall:
     """Seen only at run time: a predict that returns a generator while a postprocess waits for a value."""
     if is_async:
 
         async def checked_async(value: Any, request: Any) -> Any:
             result = await call(value, request)
-            if is_stream(result):
+            if _is_stream(result):
                 raise StreamWithPostprocess()
             return result
 
@@ -81,7 +124,7 @@ def _refuse_streams(call: StageCall, is_async: bool) -> StageCall:
 
     def checked(value: Any, request: Any) -> Any:
         result = call(value, request)
-        if is_stream(result):
+        if _is_stream(result):
             raise StreamWithPostprocess()
         return result
 
@@ -93,6 +136,9 @@ class ModelClassBackend(Backend):
 
     def __init__(self, api: ApiConfig, root: Path | None, metrics_client: MetricsClient, api_metrics: ApiMetrics):
         self.api = api
+        self.root = root
+        if root is not None:
+            apply_api_environment(root, api.env, api.python_path)
         self.cls, self.label = resolve_class(api, root, "Model")
         self.spec = inspect_model_class(self.cls, self.label)
         self.metrics_client = metrics_client
@@ -112,12 +158,11 @@ class ModelClassBackend(Backend):
 
     @property
     def streams(self) -> bool:
-        predict = self.spec.stage("predict")
-        return predict is not None and predict.generator is not None
+        stages = (self.spec.stage("predict"), self.spec.stage("postprocess"))
+        return any(stage is not None and stage.generator is not None for stage in stages)
 
     async def load(self) -> None:
-        config = self.api.handler.config if self.api.handler else {}
-        available = {"config": config, "metrics_client": self.metrics_client}
+        available = constructor_arguments(self.api, self.root, self.metrics_client)
         self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
         if self.spec.has_load:
             await call_load(self.instance, self.label, self.spec.load_is_async)
@@ -125,13 +170,20 @@ class ModelClassBackend(Backend):
 
     def build_pipeline(self, instance: Any) -> Pipeline:
         stages = []
+        first = next((spec for spec in self.spec.stages if spec.takes_inputs), None)
         for spec in self.spec.stages:
             call = adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request)
+            if spec is first and spec.input_model is not None:
+                call = _validating(call, spec.input_model)
             if spec.name == "predict" and self.api.batching is not None:
                 stages.append(Stage("predict", self._batched(spec.bind(instance), spec.is_async), True))
                 continue
             if spec.name == "predict" and self.spec.stage("postprocess") is not None:
                 call = _refuse_streams(call, spec.is_async)
+            if spec.generator is not None and spec.name != "predict":
+                # Calling a generator function runs none of its code: do it on the loop, no thread hop.
+                stages.append(Stage(spec.name, _creating(call), True))
+                continue
             stages.append(Stage(spec.name, call, spec.is_async))
         return Pipeline(
             stages,
@@ -178,4 +230,40 @@ class ModelClassBackend(Backend):
                 for stage in self.spec.stages
             },
             "load": self.spec.has_load,
+            "secrets": sorted(self.api.secrets),
         }
+
+
+def _creating(call: StageCall) -> StageCall:
+    """A generator preprocess/postprocess as an async stage that returns its generator (streamed by the
+    endpoint, or consumed by predict)."""
+
+    async def create(value: Any, request: Any) -> Any:
+        return call(value, request)
+
+    return create
+
+
+def _validating(call: StageCall, model: Any) -> StageCall:
+    """The decoded body validated into the pydantic model the inputs are annotated with (a 400 if it does
+    not fit), as Truss does."""
+
+    def validate(value: Any) -> Any:
+        if isinstance(value, model):
+            return value
+        try:
+            if isinstance(value, (str, bytes)):
+                parse = getattr(model, "model_validate_json", None) or model.parse_raw
+            else:
+                parse = getattr(model, "model_validate", None) or model.parse_obj
+            return parse(value)
+        except Exception as exc:
+            if type(exc).__name__ != "ValidationError":
+                raise
+            details = "; ".join(
+                f"{'.'.join(str(part) for part in error.get('loc', ())) or 'body'}: {error.get('msg')}"
+                for error in exc.errors()  # type: ignore[attr-defined]
+            )
+            raise BadRequest(f"the inputs do not match {model.__name__}: {details}") from None
+
+    return lambda value, request: call(validate(value), request)

@@ -1,0 +1,214 @@
+"""Truss folders, served as they are: ``config.yaml`` + ``model/model.py`` (+ ``data/``, ``packages/``).
+
+`load_truss_project` turns a Truss folder into a one-API `ProjectConfig`; `read_truss_config` gives the same
+settings to an API of modelserve.yaml that says ``truss: config.yaml``. What each key of config.yaml becomes:
+
+* ``model_name``: the API's name, made a URL segment (``basic truss`` is served at ``/basic-truss``, and at
+  ``/`` as every single-API project); none: ``model``;
+* ``model_module_dir`` / ``model_class_filename`` / ``model_class_name``: the class served (default
+  ``model/model.py``, ``Model``);
+* ``runtime.predict_concurrency``: ``max_concurrency``;
+* ``environment_variables``: set before the model is imported (variables already set, or in ``.env``, win);
+* ``bundled_packages_dir`` (default ``packages``) and ``external_package_dirs``: put on ``sys.path``;
+* ``data_dir`` (default ``data``) and ``secrets``: the constructor's ``data_dir`` and ``secrets``;
+* the whole file (with Truss's defaults for the keys above) is the constructor's ``config``.
+
+Keys that only matter to Truss's build and platform (``resources``, ``requirements``, ``base_image``...) are
+accepted and listed in one log line as not applied here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig
+from modelserve.errors import ConfigError
+
+logger = logging.getLogger("modelserve")
+
+TRUSS_CONFIG = "config.yaml"
+DEFAULT_API_NAME = "model"
+
+#: Truss's defaults for the keys modelserve reads (truss/base/truss_config.py).
+DEFAULTS: dict[str, Any] = {
+    "model_name": None,
+    "model_metadata": {},
+    "model_module_dir": "model",
+    "model_class_filename": "model.py",
+    "model_class_name": "Model",
+    "bundled_packages_dir": "packages",
+    "external_package_dirs": [],
+    "data_dir": "data",
+    "environment_variables": {},
+    "secrets": {},
+    "runtime": {"predict_concurrency": 1},
+}
+#: Keys that describe the model and need nothing from the server.
+_DESCRIPTIVE = {"description", "examples_filename", "input_type", "model_framework", "model_type", "spec_version"}
+#: runtime.* keys that modelserve applies.
+_RUNTIME_APPLIED = {"predict_concurrency"}
+_NAME_CHARS = re.compile(r"[^a-z0-9_.]+")
+_RESERVED = {"healthz", "readyz", "metrics"}
+
+
+@dataclass
+class TrussSettings:
+    """What a Truss config.yaml asks of modelserve."""
+
+    path: Path
+    #: The whole file, with Truss's defaults for the keys modelserve reads: the constructor's ``config``.
+    config: dict[str, Any]
+    name: str
+    handler_path: str
+    class_name: str
+    max_concurrency: int
+    data_dir: str
+    secrets: dict[str, str | None]
+    env: dict[str, str]
+    python_path: list[str]
+    #: Keys (``runtime.x`` for runtime's) accepted but not applied here.
+    not_applied: list[str] = field(default_factory=list)
+
+
+def api_name(model_name: Any) -> str:
+    """A URL segment from Truss's ``model_name``: ``"Test Async"`` -> ``test-async``; none -> ``model``."""
+    if not isinstance(model_name, str):
+        return DEFAULT_API_NAME
+    name = _NAME_CHARS.sub("-", model_name.strip().lower()).strip("-_.")[:64].rstrip("-_.")
+    if not name or name in _RESERVED:
+        return DEFAULT_API_NAME
+    return name
+
+
+def is_truss_config(data: Any) -> bool:
+    """True for a mapping that has at least one of Truss's own keys."""
+    return isinstance(data, dict) and any(key in data for key in (*DEFAULTS, "resources", "requirements"))
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSettings:
+    """Read and check a Truss config.yaml; every problem is reported in one `ConfigError`."""
+    path = (root / relative_path).resolve()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the Truss config: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a Truss config: expected a mapping, got {type(data).__name__}")
+    problems: list[str] = []
+
+    def string(key: str) -> str:
+        value = data.get(key)
+        if value is None:
+            return str(DEFAULTS[key])
+        if not isinstance(value, str) or not value:
+            problems.append(f"key '{key}': expected a non-empty string, got {value!r}")
+            return str(DEFAULTS[key])
+        return value
+
+    def mapping(key: str) -> dict[str, Any]:
+        value = data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            problems.append(f"key '{key}': expected a mapping, got {value!r}")
+            return {}
+        return value
+
+    module_dir = string("model_module_dir")
+    filename = string("model_class_filename")
+    class_name = string("model_class_name")
+    handler_path = f"{module_dir.rstrip('/')}/{filename}"
+    if not (root / handler_path).is_file():
+        if data.get("docker_server") is not None:
+            problems.append(
+                "key 'docker_server': this Truss runs its own server image, which modelserve cannot run; "
+                "modelserve serves Truss folders with a Model class"
+            )
+        else:
+            problems.append(f"the model class file {handler_path!r} was not found in {root}")
+
+    runtime = mapping("runtime")
+    concurrency = runtime.get("predict_concurrency", 1)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        problems.append(f"key 'runtime.predict_concurrency': expected a positive integer, got {concurrency!r}")
+        concurrency = 1
+
+    env = {str(key): _text(value) for key, value in mapping("environment_variables").items() if value is not None}
+    secrets = {str(key): (None if value is None else str(value)) for key, value in mapping("secrets").items()}
+
+    python_path = []
+    packages = string("bundled_packages_dir")
+    if (root / packages).is_dir():
+        python_path.append(packages)
+    external = data.get("external_package_dirs") or []
+    if not isinstance(external, list) or not all(isinstance(item, str) and item for item in external):
+        problems.append(f"key 'external_package_dirs': expected a list of folders, got {external!r}")
+        external = []
+    for folder in external:
+        if not (root / folder).is_dir():
+            problems.append(f"key 'external_package_dirs': folder {folder!r} not found (relative to {root})")
+        else:
+            python_path.append(folder)
+
+    if problems:
+        listing = "\n  - ".join(problems)
+        raise ConfigError(f"{path} is not a Truss config modelserve can serve:\n  - {listing}")
+
+    config = {**DEFAULTS, **data}
+    config["runtime"] = {**DEFAULTS["runtime"], **runtime}
+    applied = set(DEFAULTS) | _DESCRIPTIVE
+    not_applied = [key for key in data if key not in applied]
+    not_applied += [f"runtime.{key}" for key in runtime if key not in _RUNTIME_APPLIED]
+    return TrussSettings(
+        path=path,
+        config=config,
+        name=api_name(data.get("model_name")),
+        handler_path=handler_path,
+        class_name=class_name,
+        max_concurrency=concurrency,
+        data_dir=string("data_dir"),
+        secrets=secrets,
+        env=env,
+        python_path=python_path,
+        not_applied=not_applied,
+    )
+
+
+def log_not_applied(settings: TrussSettings) -> None:
+    if settings.not_applied:
+        logger.info(
+            "%s: keys for Truss's build and platform, not applied by modelserve: %s",
+            settings.path,
+            ", ".join(settings.not_applied),
+        )
+
+
+def load_truss_project(root: Path) -> ProjectConfig:
+    """The `ProjectConfig` of a Truss folder: one realtime API serving its Model class."""
+    settings = read_truss_config(root)
+    log_not_applied(settings)
+    api = ApiConfig(
+        name=settings.name,
+        handler=HandlerConfig(path=settings.handler_path, class_name=settings.class_name, config=settings.config),
+        max_concurrency=settings.max_concurrency,
+        data_dir=settings.data_dir,
+        secrets=settings.secrets,
+        truss=TRUSS_CONFIG,
+        env=settings.env,
+        python_path=settings.python_path,
+    )
+    return ProjectConfig(root=root, apis=[api])
