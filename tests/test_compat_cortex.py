@@ -279,6 +279,9 @@ def test_get_describes_the_api_and_never_runs_the_handler(servers: dict[str, Any
     assert time.perf_counter() - started < 2
     assert answer.json()["backend"] == "cortex_handler"
     assert answer.json()["method"] == {"name": "handle_post", "async": False, "takes": ["payload", "query_params"]}
+    for method, status in (("HEAD", 200), ("PUT", 405), ("DELETE", 405)):
+        assert httpx.request(method, f"{url}/sleep", params={"sleep": "5"}).status_code == status
+    assert time.perf_counter() - started < 2  # none of them ran handle_post
 
 
 def test_v035_async_api_with_tensorflow_client(servers: dict[str, Any]) -> None:
