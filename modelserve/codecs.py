@@ -3,13 +3,16 @@
 Requests: ``application/json`` and ``*/*+json`` become Python objects, ``text/plain`` a str (decoded with
 the ``charset`` parameter, utf-8 by default), anything else the raw bytes.
 
-Results: dict, list, tuple, numbers, bool and None become JSON (numpy arrays and scalars as lists and
-numbers), str becomes text/plain, bytes application/octet-stream.
+Results: bytes become application/octet-stream; everything else JSON, as Truss and Cortex answered: dict,
+list, tuple, numbers, bool, None, and a str too (``"iris-setosa"``, quotes included; send text with a
+Starlette ``Response``). numpy arrays and scalars become lists and numbers, pydantic models their own JSON
+serialisation (``model_dump(mode="json")``; pydantic is never imported for this).
 """
 
 from __future__ import annotations
 
 import codecs as _stdlib_codecs
+import sys
 from typing import Any
 
 import orjson
@@ -120,10 +123,17 @@ _PARSED_MAX = 256
 
 def _numpy_default(value: Any) -> Any:
     # orjson encodes C-contiguous numeric arrays itself; this catches the rest (views, object arrays,
-    # numpy types orjson does not know) and anything else fails with the type's name.
+    # numpy types orjson does not know), pydantic models, and anything else fails with the type's name.
     tolist = getattr(value, "tolist", None)
     if tolist is not None and type(value).__module__ == "numpy":
         return tolist()
+    pydantic = sys.modules.get("pydantic")  # a pydantic model exists only if pydantic was imported
+    if pydantic is not None:
+        if isinstance(value, pydantic.BaseModel):
+            return value.model_dump(mode="json")
+        v1 = sys.modules.get("pydantic.v1")
+        if v1 is not None and isinstance(value, v1.BaseModel):
+            return orjson.loads(value.json())
     raise EncodeError(value)
 
 
@@ -143,9 +153,12 @@ def encode_json(value: Any) -> bytes:
 
 
 def encode_result(value: Any) -> tuple[bytes, bytes]:
-    """Encode a handler's result: (body, content-type). Raises `EncodeError` for unknown types."""
-    if isinstance(value, str):
-        return value.encode("utf-8"), TEXT_TYPE
+    """Encode a handler's result: (body, content-type). Raises `EncodeError` for unknown types.
+
+    bytes are sent as they are (``application/octet-stream``); anything else is JSON, a str included::
+
+        encode_result("iris-setosa") == (b'"iris-setosa"', b"application/json")
+    """
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), BYTES_TYPE
     return encode_json(value), JSON_TYPE

@@ -156,7 +156,7 @@ def test_timeout_504(tmp_path: Path, start_server: Any) -> None:
     answer = httpx.post(server.url + "/sleepy", json=30, timeout=30)
     assert answer.status_code == 504 and "timeout" in answer.json()["error"]
     assert time.monotonic() - started < 5
-    assert httpx.post(server.url + "/sleepy", json=0).text == "done"
+    assert httpx.post(server.url + "/sleepy", json=0).json() == "done"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -122,12 +122,38 @@ def test_numpy_arrays_and_scalars_become_lists_and_numbers(value: object, expect
     assert orjson.loads(body) == expected
 
 
-def test_str_is_text_and_bytes_are_octet_stream() -> None:
-    assert encode_result("héllo") == ("héllo".encode(), TEXT_TYPE)
-    assert TEXT_TYPE == b"text/plain; charset=utf-8"
+def test_str_is_json_and_bytes_are_octet_stream() -> None:
+    # A str is JSON, as Truss and Cortex answered: "iris-setosa" with its quotes.
+    assert encode_result("iris-setosa") == (b'"iris-setosa"', JSON_TYPE)
+    assert encode_result("héllo") == ('"héllo"'.encode(), JSON_TYPE)
+    assert encode_result('{"a": 1}') == (b'"{\\"a\\": 1}"', JSON_TYPE)  # a str holding JSON stays a str
+    assert TEXT_TYPE == b"text/plain; charset=utf-8"  # streams' str chunks
     assert encode_result(b"\x00\x01") == (b"\x00\x01", BYTES_TYPE)
     assert encode_result(bytearray(b"ab")) == (b"ab", BYTES_TYPE)
     assert encode_result(memoryview(b"ab")) == (b"ab", BYTES_TYPE)
+
+
+def test_pydantic_models_are_encoded_with_their_own_json() -> None:
+    import pydantic
+
+    class Point(pydantic.BaseModel):
+        x: int
+        when: decimal.Decimal
+
+    body, content_type = encode_result({"points": [Point(x=1, when=decimal.Decimal("1.5"))]})
+    assert (body, content_type) == (b'{"points":[{"x":1,"when":"1.5"}]}', JSON_TYPE)
+    assert encode_result(Point(x=2, when=decimal.Decimal(0)))[0] == b'{"x":2,"when":"0"}'
+
+
+def test_encoding_never_imports_pydantic() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from modelserve.codecs import encode_result; encode_result({'a': 'b'}); encode_result('s'); "
+        "assert 'pydantic' not in sys.modules, 'pydantic was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 class Opaque:

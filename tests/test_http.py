@@ -249,7 +249,7 @@ class Results:
 @pytest.mark.parametrize(
     ("kind", "status", "content_type", "body"),
     [
-        ("str", 200, "text/plain; charset=utf-8", "héllo".encode()),
+        ("str", 200, "application/json", '"héllo"'.encode()),  # JSON, as Truss and Cortex answer
         ("bytes", 200, "application/octet-stream", b"\x00\x01"),
         ("json", 200, "application/json", b"[1,2.5,true]"),
         ("none", 200, "application/json", b"null"),
@@ -420,7 +420,7 @@ async def test_503_while_loading_then_ready(client_of: Any) -> None:
     SlowLoad.gate.set()
     await app.server.wait_loaded()
     assert (await client.get("/readyz")).status_code == 200
-    assert (await client.post("/slow", json={})).text == "ready"
+    assert (await client.post("/slow", json={})).json() == "ready"
 
 
 class BrokenLoad:
@@ -481,7 +481,7 @@ async def test_504_after_the_timeout(client_of: Any) -> None:
     started = time.monotonic()
     assert_error(await client.post("/sleepy", json=10), 504, "timeout of 0.05 s")
     assert time.monotonic() - started < 2
-    assert (await client.post("/sleepy", json=0)).text == "done"
+    assert (await client.post("/sleepy", json=0)).json() == "done"
 
 
 class BlockingSync:
@@ -503,7 +503,7 @@ async def test_a_sync_stage_that_timed_out_keeps_its_slot_until_it_returns(clien
     deadline = time.monotonic() + 5
     while app.server.apis["blocking"].limiter.running and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    assert (await client.post("/blocking", json={})).text == "late"
+    assert (await client.post("/blocking", json={})).json() == "late"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -601,7 +601,7 @@ class Metered:
 async def test_config_and_metrics_client_reach_the_constructor_and_record(client_of: Any) -> None:
     app = modelserve.create_app(handler=Metered, name="metered", config={"greeting": "hi"})
     client = await client_of(app)
-    assert (await client.post("/metered", json="bob")).text == "hi bob"
+    assert (await client.post("/metered", json="bob")).json() == "hi bob"
     exposition = (await client.get("/metrics")).text
     samples = {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
@@ -624,7 +624,8 @@ class KwargsOnly:
 
 async def test_a_kwargs_constructor_gets_everything(client_of: Any) -> None:
     client = await client_of(modelserve.create_app(handler=KwargsOnly, name="kw"))
-    assert (await client.post("/kw", json={})).json() == ["config", "metrics_client"]
+    names = ["config", "data_dir", "environment", "lazy_data_resolver", "metrics_client", "secrets"]
+    assert (await client.post("/kw", json={})).json() == names  # Truss's arguments and modelserve's
 
 
 # --------------------------------------------------------------------------------------------------
