@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds in-flight requests get to finish after SIGTERM (default: {DEFAULT_GRACE:g})",
     )
     parser.add_argument("--jobs-store", default=None, help="override the jobs store: sqlite, memory or redis://...")
+    parser.add_argument(
+        "--secrets-dir",
+        default=None,
+        help="folder of secret files, one per secret name, read by a Model's `secrets` (default: /secrets)",
+    )
     return parser
 
 
@@ -72,8 +77,10 @@ def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str
     ``text`` (the default) is for a person at a terminal; ``json`` makes every log line one JSON object
     (see `modelserve.logs`). Errors and warnings go to stderr, access lines to stdout. In JSON mode
     modelserve writes the access line of each API request itself (with its duration and request id) and
-    uvicorn's access logger keeps only the other requests; in text mode uvicorn writes them all. Loggers of
-    user libraries reach the root logger, shown from WARNING up.
+    uvicorn's access logger keeps only the other requests; in text mode uvicorn writes them all. The root
+    logger gets `level` too, so that ``logging.info(...)`` in user code is written (with the request id and
+    API in both formats); libraries' loggers that nobody configured stay at WARNING
+    (`modelserve.logs.LibraryLevelFilter`).
     """
     level = level.upper()
     json_mode = fmt == "json"
@@ -92,11 +99,13 @@ def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str
         "filters": {
             "request": {"()": "modelserve.logs.RequestContextFilter"},
             "outside_request": {"()": "modelserve.logs.OutsideRequestFilter"},
+            "libraries": {"()": "modelserve.logs.LibraryLevelFilter"},
         },
         "formatters": {"default": {"()": formatter}, "access": {"()": access_formatter}},
         "handlers": {
             "default": handler,
             "access": {**handler, "formatter": "access", "stream": "ext://sys.stdout"},
+            "user": {**handler, "filters": ["request", "libraries"]},
         },
         "loggers": {
             "modelserve": {"handlers": ["default"], "level": level, "propagate": False},
@@ -115,7 +124,7 @@ def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str
                 "filters": ["outside_request"] if own_access else [],
             },
         },
-        "root": {"handlers": ["default"], "level": "WARNING"},
+        "root": {"handlers": ["user"], "level": level},
     }
 
 
@@ -175,6 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1 and args.reload:
         print("modelserve: error: --reload and --workers cannot be used together", file=sys.stderr)
         return EXIT_USAGE
+
+    if args.secrets_dir is not None:
+        from modelserve.secrets import SECRETS_DIR_ENV
+
+        os.environ[SECRETS_DIR_ENV] = str(Path(args.secrets_dir).resolve())
 
     import logging.config
 

@@ -85,6 +85,61 @@ class RequestContextFilter(logging.Filter):
         return True
 
 
+# Folders holding user code (the project folder, a Truss folder's packages): records logged from files
+# there reach the root logger's handler at any level.
+_user_code_dirs: list[str] = []
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+def add_user_code_dir(folder: str) -> None:
+    """Count the files under `folder` as user code for `LibraryLevelFilter`."""
+    prefix = folder.rstrip("/\\") + "/"
+    if prefix not in _user_code_dirs:
+        _user_code_dirs.append(prefix)
+        LibraryLevelFilter.verdicts.clear()
+
+
+class LibraryLevelFilter(logging.Filter):
+    """On the root logger's handler: user code's lines at every level, libraries' from WARNING up.
+
+    ``--log-level`` sets the root logger's level, so that ``logging.info(...)`` in user code is written. A
+    library's logger that nobody configured inherits that level too; below WARNING its lines are dropped
+    here, so that libraries keep the level they had (WARNING, Python's default) unless the user sets one
+    (``logging.getLogger("httpx").setLevel(logging.INFO)``). User code is the root logger itself, the
+    modules of the project (and its package folders), and any logger whose file lies in the project.
+    """
+
+    #: (logger name, file) -> whether that pair is user code.
+    verdicts: dict[tuple[str, str], bool] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or record.name == "root":
+            return True
+        if record.name.startswith(("modelserve_project.", "modelserve.")) or _level_set(record.name):
+            return True
+        key = (record.name, record.pathname)
+        verdict = self.verdicts.get(key)
+        if verdict is None:
+            path = record.pathname.replace("\\", "/")
+            verdict = any(path.startswith(folder) for folder in _user_code_dirs) and not any(
+                part in path for part in _LIBRARY_DIRS
+            )
+            if len(self.verdicts) < 4096:
+                self.verdicts[key] = verdict
+        return verdict
+
+
+def _level_set(name: str) -> bool:
+    """True when the logger `name` or one of its parents (below the root) was given a level."""
+    loggers = logging.Logger.manager.loggerDict
+    while name:
+        logger = loggers.get(name)
+        if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
+            return True
+        name = name.rpartition(".")[0]
+    return False
+
+
 class OutsideRequestFilter(logging.Filter):
     """Lets through only records written outside an API request.
 
