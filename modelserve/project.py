@@ -25,7 +25,7 @@ from dotenv import dotenv_values
 
 from modelserve.errors import LoadError
 
-_modules: dict[Path, ModuleType] = {}
+_modules: dict[tuple[Path, str | None], ModuleType] = {}
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SHIMS_DIR = _PACKAGE_DIR / "compat" / "_shims"
 
@@ -65,16 +65,22 @@ def apply_api_environment(root: Path, env: dict[str, str], python_path: list[str
         add_user_code_dir(folder)
 
 
-def import_file(root: Path, relative_path: str) -> ModuleType:
-    """Import a project file once (several APIs naming one file share its module and its globals)."""
+def import_file(root: Path, relative_path: str, instance: str | None = None) -> ModuleType:
+    """Import a project file once (several APIs naming one file share its module and its globals).
+
+    With `instance` (an API's name), once per instance: each gets a module and globals of its own, as each
+    API of a Cortex project ran in a process of its own.
+    """
     path = (root / relative_path).resolve()
-    module = _modules.get(path)
+    module = _modules.get((path, instance))
     if module is not None:
         return module
     if not path.is_file():
         raise LoadError(f"{relative_path}: file not found in {root}")
     dotted = ".".join(path.relative_to(root).with_suffix("").parts) if path.is_relative_to(root) else path.stem
     name = f"modelserve_project.{dotted}"
+    if instance is not None:
+        name += "__" + "".join(char if char.isalnum() else "_" for char in instance)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise LoadError(f"{relative_path}: not an importable Python file")
@@ -85,7 +91,7 @@ def import_file(root: Path, relative_path: str) -> ModuleType:
     except Exception as exc:
         del sys.modules[name]
         raise LoadError(f"{relative_path}: importing it raised {describe_error(exc)}") from exc
-    _modules[path] = module
+    _modules[(path, instance)] = module
     return module
 
 

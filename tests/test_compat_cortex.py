@@ -113,6 +113,36 @@ def get_encoder():
 """
 
 
+#: A stand-in for the sklearn classifiers that Cortex 0.11's sklearn example unpickles: predict(rows) -> labels.
+STAND_IN_MODEL = """
+class NearestCentroid:
+    def __init__(self, centroids):
+        self.centroids = centroids
+
+    def predict(self, rows):
+        return [min(range(len(self.centroids)), key=lambda k: sum((a - b) ** 2 for a, b in zip(row, self.centroids[k])))
+                for row in rows]
+"""
+
+
+def pickled_models(root: Path, models: dict[str, list[list[float]]]) -> None:
+    """Write stand_in_model.py in the project and a pickle of a NearestCentroid per model file."""
+    import importlib.util
+    import pickle
+
+    (root / "stand_in_model.py").write_text(STAND_IN_MODEL, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("stand_in_model", root / "stand_in_model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stand_in_model"] = module
+    try:
+        spec.loader.exec_module(module)
+        for name, centroids in models.items():
+            (root / name).write_bytes(pickle.dumps(module.NearestCentroid(centroids)))
+    finally:
+        del sys.modules["stand_in_model"]
+
+
 def project(tmp: Path, case: str, models: dict[str, str] | None = None, name: str | None = None) -> Path:
     """A copy of a published case, with each cloud model path replaced by a local one."""
     root = tmp / (name or case)
@@ -164,6 +194,18 @@ def servers(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any) 
     roots["v035-onnx-model-client-iris"] = root
 
     roots["v035-sleep"] = project(tmp, "v035-sleep")
+
+    root = project(
+        tmp,
+        "v011-sklearn-iris-predictor",
+        {
+            "s3://cortex-examples/sklearn/iris-classifier/model.pkl": "model.pkl",
+            "s3://cortex-examples/sklearn/iris-classifier/another-model.pkl": "another-model.pkl",
+        },
+    )
+    means = MEANS.tolist()
+    pickled_models(root, {"model.pkl": means, "another-model.pkl": means[::-1]})  # the other one's classes reversed
+    roots["v011-sklearn-iris-predictor"] = root
 
     roots["logging"] = project(tmp, "v035-structured-logging")
 
@@ -230,6 +272,15 @@ def test_v011_text_generator_decodes_the_flat_sample(servers: dict[str, Any]) ->
     answer = httpx.post(f"{url}/generator", json=sample("v011-tensorflow-text-generator"))
     assert answer.status_code == 200, answer.text
     assert answer.json() == "machine learning is fun"
+
+
+def test_v011_predictor_module_per_api_globals(servers: dict[str, Any]) -> None:
+    """Two APIs share predictor.py, whose init() loads its API's model into a module-level global: each API
+    has its own module, as each had its own process in Cortex, so each answers with its own model."""
+    url = ready(servers, "v011-sklearn-iris-predictor")
+    body = sample("v011-sklearn-iris-predictor")
+    assert httpx.post(f"{url}/classifier", json=body).json() == "iris-setosa"
+    assert httpx.post(f"{url}/another-classifier", json=body).json() == "iris-virginica"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -524,7 +575,7 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
         assert predicted.json() == {"echo": [1]}
     from modelserve.project import import_file
 
-    assert import_file(root, "predictor_class.py").seen == [(b'{"echo":[1]}', [1])]  # post_predict ran after
+    assert import_file(root, "predictor_class.py", "pred").seen == [(b'{"echo":[1]}', [1])]  # post_predict ran after
 
 
 def test_cortex_internal_logger_is_modelserves_unless_a_real_one_is_installed(tmp_path: Path) -> None:

@@ -100,7 +100,9 @@ class CortexHandlerBackend(Backend):
             return handler.obj
         assert handler.path is not None
         self.label = handler.path
-        return import_file(self.root, handler.path)
+        # Per API: Cortex ran each API in a process of its own, so two APIs naming one file (with two
+        # models, say) never shared its module-level globals.
+        return import_file(self.root, handler.path, instance=self.api.name)
 
     def _find_class(self, module: ModuleType) -> type:
         names = CLASS_NAMES[self.cortex.type]
@@ -227,7 +229,7 @@ class CortexHandlerBackend(Backend):
     def _init_module(self) -> None:
         handler = self.api.handler
         assert handler is not None
-        module = handler.obj if handler.obj is not None else import_file(self.root, handler.path or "")
+        module = handler.obj if handler.obj is not None else import_file(self.root, handler.path or "", self.api.name)
         init = getattr(module, "init", None)
         self.module_predict = module.predict
         if init is None:
