@@ -1,0 +1,4 @@
+
+class Model:
+    def predict(self, request):
+        raise ValueError("error")
