@@ -64,7 +64,7 @@ class Api:
             admitted = (config.max_concurrency + 1) * config.batching.max_batch_size
         else:
             admitted = config.max_concurrency
-        self.limiter = Limiter(admitted, config.max_queue_length)
+        self.limiter = Limiter(admitted, config.max_queue_length, config.max_queued_bytes)
         self.watchdog = Watchdog()
         #: on_disconnect: notify tells running user code (is_cancelled) instead of cancelling it.
         self.notify = config.on_disconnect == "notify"
@@ -96,6 +96,21 @@ class Api:
             return ServiceUnavailable(f"api '{self.name}' failed to load; see the server log", retry_after=30)
         return ServiceUnavailable(f"api '{self.name}' is loading; retry later")
 
+    def admit(self, size: int = 0) -> None:
+        """Before reading a request's body of `size` bytes (0: not known): refuse now (503) a request that could
+        not wait, or take its place in the line. Follow with `call(..., admitted=size)` or `unadmit(size)`."""
+        if not self.ready:
+            raise self.not_ready()
+        try:
+            self.limiter.admit(size)
+        except QueueFull:
+            self.metrics.queue_full.inc()
+            raise
+
+    def unadmit(self, size: int = 0) -> None:
+        """An admitted request that will not call (its body was refused, its client left)."""
+        self.limiter.unadmit(size)
+
     async def call(
         self,
         value: Any,
@@ -103,16 +118,20 @@ class Api:
         *,
         request: Any = None,
         cancelled: Cancelled | None = None,
+        admitted: int | None = None,
     ) -> Any:
         """Run one call of the API: `value` is the decoded inputs, `request` what a stage taking the request
-        receives. Returns the result (a `Stream` for a generator) or raises (see the module's docstring)."""
-        if not self.ready:
-            raise self.not_ready()
+        receives, `admitted` the size given to `admit` when the transport admitted the request first.
+        Returns the result (a `Stream` for a generator) or raises (see the module's docstring)."""
         limiter = self.limiter
+        if not self.ready:
+            if admitted is not None:
+                limiter.unadmit(admitted)
+            raise self.not_ready()
         watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout, self.notify)
         acquired = streaming = False
         try:
-            await limiter.acquire()
+            await limiter.acquire(admitted)
             acquired = True
             ctx.release_slot = limiter.release
             result = await self.backend.pipeline.run(value, request, ctx)

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from modelserve.jobs import STORE_CHOICES
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_LOAD = 3
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_GRACE,
         help=f"seconds in-flight requests get to finish after SIGTERM (default: {DEFAULT_GRACE:g})",
     )
-    parser.add_argument("--jobs-store", default=None, help="override the jobs store: sqlite, memory or redis://...")
+    parser.add_argument("--jobs-store", default=None, help=f"override the jobs store: {STORE_CHOICES}")
     parser.add_argument(
         "--secrets-dir",
         default=None,
@@ -140,7 +142,7 @@ def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
 
 
 def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
-    from modelserve.app import create_app
+    from modelserve.http import create_app
 
     app = create_app(
         settings["project_dir"],

@@ -15,13 +15,16 @@ from typing import Any
 import yaml
 
 from modelserve.errors import ConfigError
+from modelserve.jobs import STORE_CHOICES, store_kind
 
 CONFIG_FILE = "modelserve.yaml"
 DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
+DEFAULT_MAX_QUEUED_BYTES = 256 * 1024 * 1024
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
 RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_FORMATS = ("onnx", "tensorflow")
+ON_DISCONNECT = ("cancel", "notify")
 
 
 @dataclass
@@ -81,8 +84,12 @@ class ApiConfig:
     max_queue_length: int = 100
     timeout: float | None = None
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
+    #: Body bytes the requests waiting for this API may hold together; beyond, 503 before reading a body.
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
+    #: What a client's disconnect does to running async user code: "cancel" it, or "notify" it (is_cancelled).
+    on_disconnect: str = "cancel"
     #: The folder the constructor gets as ``data_dir``, relative to the project (None: the project's data/).
     data_dir: str | None = None
     #: The secrets the constructor's ``secrets`` may read: name -> the value written in the declaration.
@@ -224,6 +231,7 @@ class _Problems:
 
 _API_KEYS = {
     "name",
+    "on_disconnect",
     "kind",
     "handler",
     "model",
@@ -231,6 +239,7 @@ _API_KEYS = {
     "max_queue_length",
     "timeout",
     "max_body_size",
+    "max_queued_bytes",
     "result_ttl",
     "batching",
     "data_dir",
@@ -394,9 +403,11 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.max_queue_length = problems.take(raw, "max_queue_length", _non_negative_int, where, api.max_queue_length)
     api.timeout = problems.take(raw, "timeout", _positive_number, where)
     api.max_body_size = problems.take(raw, "max_body_size", _positive_int, where, api.max_body_size)
+    api.max_queued_bytes = problems.take(raw, "max_queued_bytes", _positive_int, where, api.max_queued_bytes)
     api.result_ttl = problems.take(raw, "result_ttl", _positive_number, where, api.result_ttl)
     if raw.get("batching") is not None:
         api.batching = _parse_batching(raw["batching"], where, problems)
+    api.on_disconnect = problems.take(raw, "on_disconnect", _choice(*ON_DISCONNECT), where, api.on_disconnect)
     return api
 
 
@@ -411,8 +422,8 @@ def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
     config.store = problems.take(section, "store", _string, "jobs", config.store)
     config.path = problems.take(section, "path", _string, "jobs", config.path)
     config.prefix = problems.take(section, "prefix", _string, "jobs", config.prefix)
-    if config.store not in ("sqlite", "memory") and not config.store.startswith(("redis://", "rediss://", "unix://")):
-        problems.add("jobs", f"key 'store': expected sqlite, memory or a redis:// URL, got {config.store!r}")
+    if store_kind(config.store) is None:
+        problems.add("jobs", f"key 'store': expected {STORE_CHOICES}, got {config.store!r}")
     return config
 
 
