@@ -9,6 +9,7 @@ the local path of the stand-in model.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -436,6 +437,7 @@ def test_cortex_yaml_keys_map_onto_modelserve_apis(tmp_path: Path, caplog: pytes
             "handler.py": HANDLER + "    def handle_post(self, payload):\n        return self.config\n",
             "predictor.py": "def init(model_path, metadata):\n    pass\n\ndef predict(sample, metadata):\n    pass\n",
             "model.pkl": "",
+            "lib/helpers.py": "",
             "cortex.yml": """
 - kind: deployment
   name: old
@@ -452,6 +454,7 @@ def test_cortex_yaml_keys_map_onto_modelserve_apis(tmp_path: Path, caplog: pytes
     processes_per_replica: 2
     config: {b: 2}
     env: {MODELSERVE_TEST_CORTEX_ENV: from-cortex-yaml}
+    python_path: lib
   autoscaling: {max_replicas: 3}
   networking: {endpoint: /x}
 - name: jobs
@@ -467,10 +470,8 @@ def test_cortex_yaml_keys_map_onto_modelserve_apis(tmp_path: Path, caplog: pytes
     assert old.handler.config == {"a": 1} and old.cortex.models[""].path.endswith("model.pkl")
     assert realtime.kind == "realtime" and realtime.max_concurrency == 4 and realtime.handler is not None
     assert realtime.handler.config == {"b": 2}
+    assert realtime.env == {"MODELSERVE_TEST_CORTEX_ENV": "from-cortex-yaml"} and realtime.python_path == ["lib"]
     assert jobs.kind == "async"
-    import os
-
-    assert os.environ.pop("MODELSERVE_TEST_CORTEX_ENV") == "from-cortex-yaml"
     (line,) = [record.getMessage() for record in caplog.records if "not applied" in record.getMessage()]
     for key in ("kind: deployment", "compute", "processes_per_replica", "autoscaling", "networking"):
         assert key in line
@@ -549,15 +550,18 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
     root = write(
         tmp_path,
         {
-            "handler.py": HANDLER
+            "handler.py": "import os\n\n"
+            + HANDLER
             + "    def handle_post(self, headers, query_params, payload):\n"
             + "        seen = {'payload': payload, 'q': query_params['q'], 'h': headers['x-name']}\n"
+            + "        seen['env'] = os.environ['MODELSERVE_TEST_CORTEX_GREETING']\n"
             + "        return seen, lambda: print('callback ran')\n",
             "predictor.py": "def predict(sample, metadata):\n    return 'label-' + sample['x'] + metadata['suffix']\n",
             "predictor_class.py": "seen = []\n\n\nclass PythonPredictor:\n    def __init__(self, config):\n"
             "        pass\n\n    def predict(self, payload):\n        return {'echo': payload}\n\n"
             "    def post_predict(self, response, payload):\n        seen.append((response.body, payload))\n",
-            "cortex.yaml": "- name: api\n  kind: RealtimeAPI\n  handler: {path: handler.py}\n"
+            "cortex.yaml": "- name: api\n  kind: RealtimeAPI\n"
+            "  handler: {path: handler.py, env: {MODELSERVE_TEST_CORTEX_GREETING: hi}}\n"
             "- kind: api\n  name: old\n  predictor: {path: predictor.py, metadata: {suffix: '!'}}\n"
             "- name: pred\n  kind: RealtimeAPI\n  predictor: {type: python, path: predictor_class.py}\n",
         },
@@ -565,10 +569,11 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
     with TestClient(modelserve.create_app(root)) as client:
         answer = client.post("/api?q=1", json={"a": 1}, headers={"x-name": "n"})
         assert answer.status_code == 200, answer.text
-        assert answer.json() == {"payload": {"a": 1}, "q": "1", "h": "n"}
+        assert answer.json() == {"payload": {"a": 1}, "q": "1", "h": "n", "env": "hi"}
         assert "callback ran" in capsys.readouterr().out  # the (result, callback) pair's callback
         text = client.post("/api?q=2", content="plain", headers={"content-type": "text/plain", "x-name": "n"})
         assert text.json()["payload"] == "plain"  # text/plain arrives as a str, as in Cortex
+        os.environ.pop("MODELSERVE_TEST_CORTEX_GREETING")
         old = client.post("/old", json={"x": "a"})
         assert old.json() == "label-a!"  # a v0.11 predictor's str is jsonify-ed
         predicted = client.post("/pred", json=[1])

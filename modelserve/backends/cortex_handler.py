@@ -38,7 +38,7 @@ from modelserve.context import current_request_id
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
 from modelserve.pipeline import Pipeline, Stage
-from modelserve.project import describe_error, import_file
+from modelserve.project import apply_api_environment, describe_error, import_file
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 
@@ -79,6 +79,7 @@ class CortexHandlerBackend(Backend):
         for model in self.cortex.models.values():
             if model.format != "python":
                 runtimes.check_installed(model.format)
+        apply_api_environment(self.root, api.env, api.python_path)
         source = self._source()
         self.instance: Any = None
         self.client: Any = None

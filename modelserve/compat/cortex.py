@@ -18,7 +18,6 @@ Model paths must be local (relative to the project folder, or absolute): an ``s3
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,6 @@ CONTAINER_KEYS = frozenset(
     {
         "image",
         "tensorflow_serving_image",
-        "python_path",
         "processes_per_replica",
         "log_level",
         "shm_size",
@@ -168,6 +166,8 @@ class _Reader:
             if model is None:
                 return None
             api.model = model
+            if "python_path" in block:  # hook files are imported with the project folder on sys.path only
+                self.not_applied.append(f"{where}: python_path")
             hooks = block.get("request_handler")
             if hooks is not None and self._file(hooks, where, "request_handler"):
                 api.handler = HandlerConfig(path=hooks, config=metadata)
@@ -183,6 +183,7 @@ class _Reader:
             models[""] = model
         api.handler = HandlerConfig(path=path, config=metadata)
         api.cortex = CortexConfig(type="python", style="module", models=models)
+        self._environment(api, block, where)
         return api
 
     # ---------------------------------------------------------------------------------------------------
@@ -207,7 +208,6 @@ class _Reader:
             self.problems.add(where, "key 'config': expected a mapping")
             config = {}
         self._container_keys(block, where)
-        self._environment(block.get("env"), where)
         models = self._models(block, handler_type, where)
         if models is None:
             return None
@@ -217,6 +217,7 @@ class _Reader:
         api = ApiConfig(name=name, kind=kind)
         api.handler = HandlerConfig(path=path, config=config)
         api.cortex = CortexConfig(type=handler_type, style="class", models=models)
+        self._environment(api, block, where)
         threads = block.get("threads_per_process")
         if threads is not None:
             if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
@@ -320,15 +321,22 @@ class _Reader:
         if skipped:
             self.not_applied.append(f"{where}: {', '.join(skipped)}")
 
-    def _environment(self, env: Any, where: str) -> None:
-        """``env``: set in this process before the handler is imported; variables already set win."""
-        if env is None:
-            return
-        if not isinstance(env, dict):
+    def _environment(self, api: ApiConfig, block: dict[str, Any], where: str) -> None:
+        """``env`` is set before the handler is imported (variables already set win); ``python_path`` goes on
+        sys.path (Cortex appended it to PYTHONPATH; the project folder is there already)."""
+        env = block.get("env")
+        if isinstance(env, dict):
+            api.env = {str(name): str(value) for name, value in env.items()}
+        elif env is not None:
             self.problems.add(where, "key 'env': expected a mapping of names to strings")
-            return
-        for name, value in env.items():
-            os.environ.setdefault(str(name), str(value))
+        python_path = block.get("python_path")
+        if isinstance(python_path, str) and python_path:
+            if (self.root / python_path).is_dir():
+                api.python_path = [python_path]
+            else:
+                self.problems.add(where, f"key 'python_path': folder {python_path!r} not found in {self.root}")
+        elif python_path is not None:
+            self.problems.add(where, f"key 'python_path': expected a folder, got {python_path!r}")
 
 
 #: The API keys this module reads.
