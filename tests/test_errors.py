@@ -174,12 +174,6 @@ def test_an_sse_stream_failing_in_the_middle_ends_with_an_error_event_logged_onc
     assert_logged_once(server, request_id, f"the stream raised {raised}: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: RealtimeEndpoint.post catches the StreamAborted that send_stream raises, logs it through the "
-    "error map ('internal error: StreamAborted') and sends a second http.response.start, which uvicorn "
-    "logs as 'Exception in ASGI application' (RuntimeError, so quiet_aborts does not filter it)",
-)
 @pytest.mark.parametrize("raised", ["ValueError", "SystemExit"])
 def test_a_plain_stream_failing_in_the_middle_is_aborted_and_logged_once(server: Any, raised: str) -> None:
     request_id = f"stream-{raised[:3].lower()}"

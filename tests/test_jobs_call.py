@@ -155,12 +155,6 @@ def test_a_delete_cancels_a_running_job_through_the_call(served: tuple[Any, Path
     assert final["status"] == "cancelled" and "result" not in final
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: JobWorker passes cancelled=running.deleted.wait (an Event.wait, which returns True), so Api.call "
-    "takes a DELETE for a disconnect: counted as reason='disconnect' and logged 'client disconnected', "
-    "never as 'cancelled' / 'job cancelled by a DELETE'",
-)
 def test_a_delete_is_counted_and_logged_as_a_cancellation(served: tuple[Any, Path]) -> None:
     server, _ = served
     before = cancellations(server.url)

@@ -19,7 +19,7 @@ from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import EncodeError, decode_payload, encode_result
 from modelserve.context import RequestContext, current
-from modelserve.errors import ServiceUnavailable, UserCodeError
+from modelserve.errors import ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import check_length, disconnected, read_body, request_headers, send_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream
@@ -60,6 +60,8 @@ class RealtimeEndpoint:
                 status = await send_error(send, stopped, request_id)
             except Exception:  # the answer had begun, or the connection is gone
                 status = 503
+        except StreamAborted:
+            raise  # the answer has begun: the server ends it without a clean end (logged once, in the stream)
         except Exception as exc:
             status = await send_error(send, exc, request_id)
         finally:

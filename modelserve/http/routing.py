@@ -84,20 +84,21 @@ class RouteTable:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope)
+        method = scope["method"]
         route = self.exact.get(path)
         if route is None:
             found = self.match(path)
             if found is None:
-                await send_error(send, NotFound(f"no API at {path}"), _request_id(scope))
+                await send_error(_for(method, send), NotFound(f"no API at {path}"), _request_id(scope))
                 return
             route, scope["path_params"] = found
-        method = scope["method"]
         handler = route.handlers.get(method)
         if handler is None:
             if method == "HEAD" and "GET" in route.handlers:
                 await route.handlers["GET"](scope, receive, without_body(send))
                 return
-            await send_error(send, MethodNotAllowed(method, path, route.allowed), _request_id(scope))
+            error = MethodNotAllowed(method, path, route.allowed)
+            await send_error(_for(method, send), error, _request_id(scope))
             return
         await handler(scope, receive, send)
 
@@ -109,6 +110,10 @@ def route_path(scope: Scope) -> str:
     if root_path and path.startswith(root_path + "/"):
         return path[len(root_path) :]
     return path
+
+
+def _for(method: str, send: Send) -> Send:
+    return without_body(send) if method == "HEAD" else send
 
 
 def _request_id(scope: Scope) -> str:

@@ -134,7 +134,9 @@ return {requeued, failed}
 
 
 def _redacted(url: str) -> str:
-    return re.sub(r"//[^@/]*@", "//***@", url)
+    """The URL without its credentials: the userinfo and the password/token query parameters."""
+    url = re.sub(r"//[^@/]*@", "//***@", url)
+    return re.sub(r"([?&](?:password|token|auth|secret)[^=&]*=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def _import_redis() -> Any:

@@ -1,9 +1,5 @@
 """The default job store: one SQLite file, durable, shared by the processes of one machine.
 
-if TYPE_CHECKING:
-    from modelserve.config import JobsConfig
-
-
 The database runs in WAL mode with ``synchronous=NORMAL``: a committed job survives the process being
 killed (kill -9, OOM), and readers never wait for writers. Every statement runs on one thread per process
 that owns the connection, so the event loop never waits for the disk or for another process's lock.
@@ -12,6 +8,7 @@ that owns the connection, so the event loop never waits for the disk or for anot
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -90,11 +87,14 @@ class SQLiteStore(JobStore):
     @classmethod
     def from_config(cls, jobs: JobsConfig, root: Path) -> SQLiteStore:
         path = Path(jobs.path)
-        return cls(path if path.is_absolute() else root / path)
+        if path.is_absolute():
+            return cls(path)
+        return cls(root / path, shown=path.as_posix())
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, shown: str | None = None) -> None:
         self.path = path
-        self.description = f"sqlite store {path}"
+        #: Shown in GET /<api> and the logs: the path as the project names it, not where the project lives.
+        self.description = f"sqlite store {shown or path}"
         self._db: sqlite3.Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
@@ -104,7 +104,11 @@ class SQLiteStore(JobStore):
     # connection
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The jobs hold users' payloads and results: a new folder is the owner's alone (0700), a new file too
+        # (0600; SQLite gives its -wal and -shm files the database file's permissions).
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")

@@ -52,6 +52,11 @@ class _Running:
         self.ctx = ctx
         self.deleted = asyncio.Event()
 
+    async def wait_deleted(self) -> str:
+        """The call's `cancelled` awaitable: completes with the reason when the job is deleted."""
+        await self.deleted.wait()
+        return "cancelled"
+
 
 class JobWorker:
     """Claims and runs the jobs of one API, at most ``max_concurrency`` at a time in this process."""
@@ -122,7 +127,7 @@ class JobWorker:
         status, result, error = FAILED, None, None
         try:
             payload = decode_stored(job.kind, job.payload)
-            value = await self.api.call(payload, ctx, cancelled=running.deleted.wait)
+            value = await self.api.call(payload, ctx, cancelled=running.wait_deleted)
             try:
                 result = encode_json(value)
                 status = COMPLETED
