@@ -566,7 +566,9 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
             "- name: pred\n  kind: RealtimeAPI\n  predictor: {type: python, path: predictor_class.py}\n",
         },
     )
-    with TestClient(modelserve.create_app(root)) as client:
+    app = modelserve.create_app(root)
+    with TestClient(app) as client:
+        client.portal.call(app.server.wait_loaded)
         answer = client.post("/api?q=1", json={"a": 1}, headers={"x-name": "n"})
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"payload": {"a": 1}, "q": "1", "h": "n", "env": "hi"}
@@ -602,3 +604,28 @@ print("real" if logger == "the real one" else "modelserve" if logger is modelser
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == expected
+
+
+def test_a_model_with_a_handler_class_in_modelserve_yaml_is_a_cortex_handler(tmp_path: Path) -> None:
+    """`model:` plus `handler.class`: the class is constructed with the client of that model (here Cortex
+    0.31's ONNXPredictor, unchanged, on a [N, 4] model)."""
+    from starlette.testclient import TestClient
+
+    import modelserve
+
+    root = project(tmp_path, "v031-onnx-predictor-iris")
+    iris_onnx(root / "iris.onnx", "N")
+    (root / "modelserve.yaml").write_text(
+        "apis:\n  - name: iris\n    model: {path: iris.onnx}\n"
+        "    handler: {path: predictor.py, class: ONNXPredictor}\n",
+        encoding="utf-8",
+    )
+    app = modelserve.create_app(root)
+    with TestClient(app) as client:
+        client.portal.call(app.server.wait_loaded)
+        answer = client.post("/iris", json=sample("v031-onnx-predictor-iris"))
+        assert answer.status_code == 200, answer.text
+        assert answer.text == "setosa"
+        assert client.get("/iris").json()["backend"] == "cortex_handler"
+        bad = client.post("/iris", json={**sample("v031-onnx-predictor-iris"), "petal_width": [1, 2]})
+        assert bad.status_code == 400 and "input 'input'" in bad.json()["error"]  # the client's 400 passes through

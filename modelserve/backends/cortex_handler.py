@@ -113,11 +113,15 @@ class CortexHandlerBackend(Backend):
             if isinstance(cls, type):
                 self.label = f"{self.label}:{name}"
                 return cls
+        client = "" if self.cortex.type == "python" else f", {CLIENT_ARGS[self.cortex.type][0]}"
+        method = (
+            "handle_async(self, payload)"
+            if self.api.kind == "async"
+            else "handle_post(self, payload) (or predict(self, payload) before Cortex 0.32)"
+        )
         raise LoadError(
             f"api '{self.api.name}': {self.label} has no class {' or '.join(wanted)}; a Cortex "
-            f"{self.cortex.type} handler is a class with __init__(self, config"
-            + "".join(f", {arg}" for arg in CLIENT_ARGS[self.cortex.type][:1] if self.cortex.type != "python")
-            + ") and handle_post(self, payload) (or predict(self, payload) before Cortex 0.32)"
+            f"{self.cortex.type} handler is a class with __init__(self, config{client}) and {method}"
         )
 
     def _check_class(self, cls: type) -> None:
