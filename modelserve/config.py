@@ -21,10 +21,12 @@ CONFIG_FILE = "modelserve.yaml"
 DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
 DEFAULT_MAX_QUEUED_BYTES = 256 * 1024 * 1024
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
-RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics"})
+RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics", "v2"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_FORMATS = ("onnx", "tensorflow")
 ON_DISCONNECT = ("cancel", "notify")
+#: The wire protocols a project serves: modelserve's own routes, the Open Inference Protocol (``/v2/...``).
+PROTOCOLS = ("native", "v2")
 
 
 @dataclass
@@ -118,6 +120,8 @@ class ProjectConfig:
     root: Path
     apis: list[ApiConfig]
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    #: The wire protocols served (`PROTOCOLS`): ``protocols: [native, v2]`` at the top of modelserve.yaml.
+    protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -427,17 +431,26 @@ def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
     return config
 
 
+def _protocols(value: Any) -> list[str]:
+    names = _string_list(value)
+    if any(name not in PROTOCOLS for name in names):
+        raise _Invalid("a list of " + ", ".join(repr(p) for p in PROTOCOLS))
+    return names
+
+
 def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectConfig:
     """Validate the parsed content of modelserve.yaml (a mapping with `apis:`, or a bare list of APIs)."""
     problems = _Problems(source)
     jobs = JobsConfig()
+    protocols = list(PROTOCOLS)
     if isinstance(data, list):
         raw_apis: Any = data
     elif isinstance(data, dict):
-        problems.unknown_keys(data, {"apis", "jobs"}, "top level")
+        problems.unknown_keys(data, {"apis", "jobs", "protocols"}, "top level")
         raw_apis = data.get("apis")
         if "jobs" in data:
             jobs = _parse_jobs(data["jobs"], problems)
+        protocols = problems.take(data, "protocols", _protocols, "top level", protocols)
     else:
         raise ConfigError(f"{source} is not valid: expected a mapping with 'apis:' or a list of APIs")
     if not isinstance(raw_apis, list) or not raw_apis:
@@ -455,7 +468,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
             problems.add(f"api '{api.name}'", "key 'name': two APIs have this name")
         seen.add(api.name)
     problems.raise_if_any()
-    return ProjectConfig(root=root, apis=apis, jobs=jobs)
+    return ProjectConfig(root=root, apis=apis, jobs=jobs, protocols=protocols)
 
 
 def _truss_without_model_dir(path: Path) -> bool:

@@ -151,6 +151,14 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
             "api 'healthz': key 'name': 'healthz' is reserved",
         ),
         (
+            "apis:\n  - name: v2\n    handler: {path: model.py}\n",
+            "api 'v2': key 'name': 'v2' is reserved",
+        ),
+        (
+            "protocols: [native, grpc]\napis:\n  - name: echo\n    handler: {path: model.py}\n",
+            "top level: key 'protocols': expected a list of 'native', 'v2', got ['native', 'grpc'] (list)",
+        ),
+        (
             "apis:\n  - name: echo\n    handler: {path: model.py}\n  - name: echo\n    handler: {path: model.py}\n",
             "api 'echo': key 'name': two APIs have this name",
         ),
@@ -164,7 +172,7 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
         ),
         (
             "api:\n  - name: echo\n    handler: {path: model.py}\n",
-            "top level: unknown key 'api' (known keys: apis, jobs)",
+            "top level: unknown key 'api' (known keys: apis, jobs, protocols)",
         ),
         (
             "42\n",

@@ -34,6 +34,7 @@ from modelserve.introspect import describe_callable
 from modelserve.pipeline import Pipeline, Stage
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
+from modelserve.v2 import V2Inputs, V2Outputs
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig, ModelFileConfig
@@ -198,13 +199,13 @@ class ModelFileBackend(Backend):
             async def call_async(value: Any, request: Any) -> Any:
                 return await hook(value, signature, metadata)
 
-            return self._hooks_limited(call_async)
+            return _skipped_by_v2(self._hooks_limited(call_async))
         adaptive = self.adaptive[name]
 
         async def call(value: Any, request: Any) -> Any:
             return await adaptive.call(hook, value, signature, metadata)
 
-        return self._hooks_limited(call)
+        return _skipped_by_v2(self._hooks_limited(call))
 
     def _hooks_limited(self, call: Any) -> Any:
         """With batching, up to max_batch_size requests per running batch are admitted: their hooks still run at
@@ -246,6 +247,7 @@ class ModelFileBackend(Backend):
         batched = self._batched_run() if self.api.batching is not None else None
 
         async def call(value: Any, request: Any) -> Any:
+            v2 = type(value) is V2Inputs
             if isinstance(value, (bytes, bytearray)) and not has_pre:
                 raise BadRequest(
                     "expected a JSON body (Content-Type: application/json) keyed by the model's input names: "
@@ -256,6 +258,8 @@ class ModelFileBackend(Backend):
                 prediction = await batched(feeds)
             else:
                 prediction = await adaptive.call(run, feeds, size=_size(feeds))
+            if v2:
+                return _v2_outputs(model, prediction)
             if not with_post:
                 return as_response(prediction)
             return prediction if for_hook is None else for_hook(prediction)
@@ -316,6 +320,30 @@ class ModelFileBackend(Backend):
     async def close(self) -> None:
         if self.model is not None:
             self.model.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The Open Inference Protocol (modelserve.http.v2): a V2 request's tensors go straight to the model (the same
+# input checks, the same batcher) and its outputs come back by name; the hooks are not applied, since V2
+# clients send the model's tensors, not the payload the hooks were written for.
+
+
+def _skipped_by_v2(call: Any) -> Any:
+    """A hook stage that the values of a V2 request pass through."""
+
+    async def hook(value: Any, request: Any) -> Any:
+        if isinstance(value, (V2Inputs, V2Outputs)):
+            return value
+        return await call(value, request)
+
+    return hook
+
+
+def _v2_outputs(model: LoadedModel, prediction: Any) -> V2Outputs:
+    """The model's outputs by name: ONNX's list in the model's output order, TensorFlow's dict as it is."""
+    if isinstance(prediction, dict):
+        return V2Outputs(prediction)
+    return V2Outputs(zip((spec.name for spec in model.outputs), prediction, strict=True))
 
 
 def _size(feeds: dict[str, Any]) -> int:

@@ -32,6 +32,7 @@ from modelserve.http.jobs import JobsEndpoint
 from modelserve.http.realtime import RealtimeEndpoint
 from modelserve.http.routing import Route, RouteTable, TableRoute
 from modelserve.http.streaming import quiet_aborts
+from modelserve.http.v2 import v2_routes
 from modelserve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from modelserve.project import prepare_environment
 from modelserve.server import LoadErrorCallback, ModelServer
@@ -63,10 +64,12 @@ class ServerRoutes:
 
 
 def routes(server: ModelServer) -> list[Route]:
-    """The route table of a server: its APIs first, then the server's own routes."""
+    """The route table of a server: its APIs first (native routes, then V2's, as its ``protocols`` say), then
+    the server's own routes."""
     table: list[Route] = []
     single = len(server.apis) == 1
-    for api in server.apis.values():
+    native = "native" in server.project.protocols
+    for api in server.apis.values() if native else ():
         paths = [f"/{api.name}", "/"] if single else [f"/{api.name}"]
         if api.config.kind == "async":
             assert server.jobs is not None
@@ -78,6 +81,8 @@ def routes(server: ModelServer) -> list[Route]:
             realtime = RealtimeEndpoint(api)
             for path in paths:
                 table.append(Route(path, {"GET": realtime.get, "POST": realtime.post}))
+    if "v2" in server.project.protocols:
+        table += v2_routes(server)
     own = ServerRoutes(server)
     table += [
         Route("/healthz", {"GET": own.healthz}),

@@ -1,0 +1,273 @@
+"""The Open Inference Protocol (KServe V2, Triton's HTTP API) over every realtime API: its routes, as adapters
+over `Api.call`.
+
+::
+
+    GET  /v2/health/live                                  {"live": true}
+    GET  /v2/health/ready                                 {"ready": true}, or 503 while an API loads or failed
+    GET  /v2                                              the server's name, version and extensions
+    GET  /v2/models/<api>[/versions/1]                    the model's metadata (platform, inputs, outputs)
+    GET  /v2/models/<api>[/versions/1]/ready              {"name": ..., "ready": true}, or 503
+    POST /v2/models/<api>[/versions/1]/infer              an inference, JSON or with binary tensors
+
+The paths are exact routes of the one route table, one set per API (the names are known at startup). The body
+is parsed by route, not by Content-Type (tritonclient's sync client sends none); the tensors are decoded by
+`modelserve.v2`. An inference is admitted, read, decoded and checked against the model's metadata (400s
+that name the tensor), then runs through `Api.call` like a native request: the same line and 503s, timeout
+(504), cancellation on disconnect, metrics and request id (``X-Request-ID``, else the request's ``id``).
+Every error answer is the error map's ``{"error": ..., "request_id": ...}``, which is the protocol's shape.
+
+ONNX and TensorFlow APIs take the tensors straight to the model (the hooks are not applied, see
+docs/v2.md); any other API's stages receive a `modelserve.v2.V2Inputs` mapping and return a mapping of
+outputs (or one value, the output ``output``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from modelserve import _threads
+from modelserve.api import Api, Stream, log_user_error
+from modelserve.codecs import BYTES_TYPE, JSON_TYPE
+from modelserve.context import RequestContext, current, sane_request_id
+from modelserve.errors import BadRequest, ConfigError, LoadError, ServiceUnavailable, UserCodeError
+from modelserve.http._asgi import check_length, disconnected, read_body, send_body, send_json
+from modelserve.http.errors import send_error
+from modelserve.http.realtime import DECODE_INLINE_MAX, _request_with_body
+from modelserve.http.routing import Route
+from modelserve.logs import access_writer
+from modelserve.server import ModelServer
+from modelserve.v2 import InferRequest, Signature, V2Outputs, declared, decode_request, encode_response, meta_of
+from modelserve.v2 import outputs_of as class_outputs
+
+logger = logging.getLogger("modelserve")
+
+#: The platform a model file's metadata names, by format.
+PLATFORMS = {"onnx": "onnx_onnxv1", "tensorflow": "tensorflow_savedmodel"}
+#: The protocol's extensions modelserve implements (``GET /v2``).
+EXTENSIONS = ["binary_tensor_data"]
+
+
+def _headers(scope: Scope) -> tuple[str | None, str | None, str | None]:
+    """(X-Request-ID, Content-Length, Inference-Header-Content-Length) from one pass over the headers."""
+    request_id = content_length = header_length = None
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            content_length = value.decode("latin-1")
+        elif key == b"inference-header-content-length":
+            header_length = value.decode("latin-1")
+        elif key == b"x-request-id":
+            request_id = value.decode("latin-1")
+    return request_id, content_length, header_length
+
+
+def _header_length(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise BadRequest(f"Inference-Header-Content-Length must be a number of bytes, got {text!r}")
+    return int(text)
+
+
+class V2Model:
+    """The V2 routes of one API: metadata, readiness and inference."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.name = api.name
+        self.access_log = access_writer()
+        self._signature: Signature | None = None
+        # A Model class's declared tensors are checked now, with the rest of the user's code (a LoadError).
+        self._declared = _declared_by_class(api)
+
+    def signature(self) -> Signature:
+        """The API's metadata, once it has loaded (a model file's tensors are known only then)."""
+        if self._signature is None:
+            backend = self.api.backend
+            model = getattr(backend, "model", None)
+            if model is not None and self.api.backend.kind == "model_file":
+                inputs = tuple(meta for meta in map(meta_of, model.inputs) if meta is not None)
+                outputs = tuple(meta for meta in map(meta_of, model.outputs) if meta is not None)
+                platform = PLATFORMS.get(model.format, model.format)
+                self._signature = Signature(platform, inputs, outputs, text=True)
+            else:
+                inputs, outputs = self._declared
+                self._signature = Signature("python", inputs, outputs)
+        return self._signature
+
+    async def metadata(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = sane_request_id(_headers(scope)[0])
+        if not self.api.ready:
+            await send_error(send, self.api.not_ready(), request_id)
+            return
+        await send_json(send, 200, self.signature().describe(self.name), request_id)
+
+    async def ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = sane_request_id(_headers(scope)[0])
+        if self.api.ready:
+            await send_json(send, 200, {"name": self.name, "ready": True}, request_id)
+            return
+        not_ready = self.api.not_ready()
+        not_ready.extra = {"name": self.name, "ready": False}
+        await send_error(send, not_ready, request_id)
+
+    async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        header_id, content_length, header_length = _headers(scope)
+        ctx = RequestContext(self.name, sane_request_id(header_id))
+        token = current.set(ctx)
+        try:
+            status = await self._infer(scope, receive, send, ctx, header_id, content_length, header_length)
+        except asyncio.CancelledError:
+            # The server's shutdown cancelled us after its grace period (see RealtimeEndpoint.post).
+            logger.warning("api '%s': request %s stopped by the server's shutdown (503)", self.name, ctx.request_id)
+            try:
+                status = await send_error(send, ServiceUnavailable("the server is shutting down"), ctx.request_id)
+            except Exception:
+                status = 503
+        except Exception as exc:
+            status = await send_error(send, exc, ctx.request_id)
+        finally:
+            current.reset(token)
+        seconds = time.perf_counter() - started
+        self.api.metrics.answered(status, seconds)
+        if self.access_log is not None:
+            self.access_log(scope, status, seconds, ctx.request_id, self.name)
+
+    async def _infer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ctx: RequestContext,
+        header_id: str | None,
+        content_length: str | None,
+        header_length: str | None,
+    ) -> int:
+        api = self.api
+        # Admission before work, as on the native route: a request that will be refused is refused unread.
+        limit = api.config.max_body_size
+        check_length(limit, content_length)
+        size = int(content_length) if content_length is not None and content_length.isdigit() else 0
+        api.admit(size)
+        try:
+            signature = self.signature()
+            body = await read_body(receive, limit, content_length)
+            args = (body, _header_length(header_length), signature.raw_input, signature.text)
+            if len(body) > DECODE_INLINE_MAX:
+                request = await _threads.run_sync(decode_request, *args)
+            else:
+                request = decode_request(*args)
+            if header_id is None and request.id is not None:
+                ctx.request_id = sane_request_id(request.id)
+            signature.check(request)
+            pipeline = api.backend.pipeline
+            http_request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
+        except BaseException:
+            api.unadmit(size)
+            raise
+        result = await api.call(
+            request.inputs, ctx, request=http_request, cancelled=disconnected(receive), admitted=size
+        )
+        if isinstance(result, Stream):
+            await result.aclose()
+            result = _NotATensor("predict returned a stream, which the V2 protocol cannot carry")
+        body, json_length = self._encode(ctx, request, result)
+        if json_length is None:
+            await send_body(send, 200, body, JSON_TYPE, ctx.request_id)
+        else:
+            extra = [(b"inference-header-content-length", str(json_length).encode())]
+            await send_body(send, 200, body, BYTES_TYPE, ctx.request_id, extra)
+        return 200
+
+    def _encode(self, ctx: RequestContext, request: InferRequest, result: Any) -> tuple[bytes, int | None]:
+        """The answer's body; a result V2 cannot carry (a stream, an object) is the user code's 500."""
+        try:
+            if isinstance(result, _NotATensor):
+                raise result
+            outputs = result if type(result) is V2Outputs else class_outputs(result)
+            if request.outputs is not None:
+                missing = [name for name in request.outputs if name not in outputs]
+                if missing:
+                    raise BadRequest(
+                        f"unknown output {', '.join(repr(n) for n in missing)}; the model returned "
+                        f"{', '.join(repr(n) for n in outputs) or 'no outputs'}"
+                    )
+            return encode_response(self.name, request, outputs)
+        except TypeError as exc:
+            error = UserCodeError("encoding the V2 answer", exc)
+            log_user_error(self.name, ctx, error)
+            raise error from None
+
+
+class _NotATensor(TypeError):
+    """A result the V2 protocol cannot carry."""
+
+
+def _declared_by_class(api: Api) -> tuple[Any, Any]:
+    """A Model class's ``v2_inputs`` and ``v2_outputs`` (None when it declares none)."""
+    cls = getattr(api.backend, "cls", None)
+    if not isinstance(cls, type):
+        return None, None
+    label = getattr(api.backend, "label", cls.__name__)
+    try:
+        return declared(cls, "v2_inputs", label), declared(cls, "v2_outputs", label)
+    except ValueError as exc:
+        raise LoadError(f"api '{api.name}': {exc}") from None
+
+
+class V2Server:
+    """The server-wide V2 routes: liveness, readiness and the server's metadata."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self.server = server
+
+    async def live(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"live": True}, sane_request_id(_headers(scope)[0]))
+
+    async def ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = sane_request_id(_headers(scope)[0])
+        if self.server.ready:
+            await send_json(send, 200, {"ready": True}, request_id)
+            return
+        states = {name: api.state for name, api in self.server.apis.items()}
+        failed = [name for name, state in states.items() if state == "failed"]
+        not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}" if failed else "loading")
+        not_ready.extra = {"ready": False, "apis": states}
+        await send_error(send, not_ready, request_id)
+
+    async def metadata(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from modelserve import __version__  # the package imports this module while it is being imported
+
+        answer = {"name": "modelserve", "version": __version__, "extensions": EXTENSIONS}
+        await send_json(send, 200, answer, sane_request_id(_headers(scope)[0]))
+
+
+def v2_routes(server: ModelServer) -> list[Route]:
+    """The V2 routes of a server: its own, then each realtime API's, with and without ``/versions/1``.
+
+    Async APIs are not served over V2 (the protocol has no jobs)."""
+    if "v2" in server.apis:
+        raise ConfigError("an API named 'v2' would hide the V2 routes; rename it")
+    own = V2Server(server)
+    table = [
+        Route("/v2", {"GET": own.metadata}),
+        Route("/v2/health/live", {"GET": own.live}),
+        Route("/v2/health/ready", {"GET": own.ready}),
+    ]
+    for api in server.apis.values():
+        if api.config.kind != "realtime":
+            continue
+        model = V2Model(api)
+        for base in (f"/v2/models/{api.name}", f"/v2/models/{api.name}/versions/1"):
+            table += [
+                Route(base, {"GET": model.metadata}),
+                Route(f"{base}/ready", {"GET": model.ready}),
+                Route(f"{base}/infer", {"POST": model.infer}),
+            ]
+    return table

@@ -1,0 +1,551 @@
+"""The Open Inference Protocol's tensors (KServe V2, Triton HTTP): request bodies to numpy arrays and back.
+
+No ASGI here: `decode_request` turns a body (and the ``Inference-Header-Content-Length`` header) into an
+`InferRequest` whose inputs are a `V2Inputs` mapping of name to array, and `encode_response` turns the
+outputs of a call into a body, with the binary tensor extension both ways:
+
+* an input whose ``parameters.binary_data_size`` is set is read from the bytes after the JSON header, as a
+  `np.frombuffer` view on the body (no copy; the array is read-only); BYTES elements are 4-byte
+  little-endian lengths followed by the bytes;
+* a header length of 0 is the raw binary request: the whole body is the data of the model's single input;
+* an output is sent as binary when its ``parameters.binary_data`` (or the request's
+  ``parameters.binary_data_output``) says so; the answer then carries ``Inference-Header-Content-Length``.
+
+`Signature` is what the metadata route shows of an API and what a request is checked against (names,
+datatypes, ranks, fixed dimensions) before it reaches the model: any mismatch is a 400 naming the tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from modelserve.errors import BadRequest
+
+#: The fixed-size datatypes and their numpy dtypes (little-endian, as the binary extension sends them).
+FIXED: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+#: Every datatype a tensor may have: the fixed-size ones, BF16 (binary only) and BYTES.
+DATATYPES = (*FIXED, "BF16", "BYTES")
+_BY_DTYPE = {dtype.str: name for name, dtype in FIXED.items()} | {"|b1": "BOOL", "|u1": "UINT8", "|i1": "INT8"}
+_LENGTH = struct.Struct("<I")
+
+
+def bfloat16() -> np.dtype[Any]:
+    """numpy has no bfloat16: BF16 tensors need ml_dtypes (which TensorFlow and tritonclient install)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise BadRequest("BF16 tensors need the ml_dtypes package on the server (pip install ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    """The V2 datatype of a numpy dtype; strings, bytes and objects are BYTES. `TypeError` for the rest."""
+    name = _BY_DTYPE.get(dtype.newbyteorder("<").str if dtype.byteorder == ">" else dtype.str)
+    if name is not None:
+        return name
+    if dtype.kind in "OUS":
+        return "BYTES"
+    if dtype.name == "bfloat16":
+        return "BF16"
+    raise TypeError(f"numpy dtype {dtype} has no V2 datatype")
+
+
+class V2Inputs(dict[str, Any]):
+    """The inputs of one V2 request by name, as numpy arrays, with the request's `parameters`.
+
+    What a Model class's first stage receives on ``POST /v2/models/<api>/infer``::
+
+        def predict(self, inputs):
+            x = inputs["x"]                     # np.ndarray (read-only when it came as binary data)
+            scale = inputs.parameters.get("scale", 1.0)
+    """
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, tensors: Iterable[tuple[str, np.ndarray]] = (), parameters: dict[str, Any] | None = None):
+        super().__init__(tensors)
+        self.parameters: dict[str, Any] = parameters or {}
+
+
+class V2Outputs(dict[str, Any]):
+    """A model file's outputs by name, for a V2 request (the run stage's answer when no hook applies)."""
+
+    __slots__ = ()
+
+
+# ------------------------------------------------------------------------------------------------
+# requests
+
+
+@dataclass
+class InferRequest:
+    """One decoded inference request."""
+
+    id: str | None
+    inputs: V2Inputs
+    #: The requested outputs and whether each is sent as binary; None: every output, as `binary_output`.
+    outputs: dict[str, bool | None] | None
+    binary_output: bool
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
+        raise BadRequest(f"input '{name}': 'shape' must be a list of integers >= 0, got {value!r}")
+    return tuple(value)
+
+
+def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta | None, text: bool) -> InferRequest:
+    """Decode an inference request. `header_length` is ``Inference-Header-Content-Length`` (None: the whole body
+    is JSON; 0: the raw binary request of `raw_input`, the model's single input). `text`: BYTES become str
+    (a runtime's string tensors) instead of bytes."""
+    if header_length == 0:
+        if raw_input is None:
+            raise BadRequest(
+                "a raw binary request (Inference-Header-Content-Length: 0) needs a model with a single input "
+                "of known datatype; send a JSON header that names the input"
+            )
+        return InferRequest(None, V2Inputs([(raw_input.name, raw_input.from_raw(body, text))]), None, False)
+    if header_length is not None and header_length > len(body):
+        raise BadRequest(f"Inference-Header-Content-Length is {header_length}, but the body has only {len(body)} bytes")
+    try:
+        header = orjson.loads(body if header_length is None else memoryview(body)[:header_length])
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the inference request is not valid JSON: {exc}") from None
+    header = _object(header, "the inference request")
+    parameters = header.get("parameters") or {}
+    _object(parameters, "'parameters'")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("the inference request needs 'inputs', a non-empty list of tensors")
+    offset = len(body) if header_length is None else header_length
+    inputs = V2Inputs(parameters=parameters)
+    for item in raw_inputs:
+        item = _object(item, "each input")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(f"an input has no 'name' (a string): {_short(item)}")
+        if name in inputs:
+            raise BadRequest(f"input '{name}' is given twice")
+        datatype = item.get("datatype")
+        if datatype not in DATATYPES:
+            raise BadRequest(f"input '{name}': unknown datatype {datatype!r}; known: {', '.join(DATATYPES)}")
+        shape = _shape(item.get("shape"), name)
+        params = item.get("parameters") or {}
+        _object(params, f"input '{name}': 'parameters'")
+        if "shared_memory_region" in params:
+            raise BadRequest(f"input '{name}': shared memory is not supported by modelserve; send the data")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if type(size) is not int or size < 0:
+                raise BadRequest(f"input '{name}': 'binary_data_size' must be an integer >= 0, got {size!r}")
+            if offset + size > len(body):
+                raise BadRequest(
+                    f"input '{name}': binary_data_size is {size}, but only {len(body) - offset} bytes of binary "
+                    "data are left in the body"
+                )
+            inputs[name] = from_binary(name, datatype, shape, body, offset, size, text)
+            offset += size
+        elif "data" in item:
+            inputs[name] = from_json(name, datatype, shape, item["data"], text)
+        else:
+            raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+    if offset != len(body):
+        raise BadRequest(f"{len(body) - offset} bytes of binary data after the inputs belong to no input")
+    request_id = header.get("id")
+    return InferRequest(
+        str(request_id) if request_id is not None else None,
+        inputs,
+        _requested_outputs(header.get("outputs")),
+        bool(parameters.get("binary_data_output", False)),
+    )
+
+
+def _requested_outputs(raw: Any) -> dict[str, bool | None] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise BadRequest("'outputs' must be a list of {\"name\": ...} objects")
+    outputs: dict[str, bool | None] = {}
+    for item in raw:
+        item = _object(item, "each requested output")
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(f"a requested output has no 'name' (a string): {_short(item)}")
+        params = _object(item.get("parameters") or {}, f"output '{name}': 'parameters'")
+        for unsupported in ("shared_memory_region", "classification"):
+            if params.get(unsupported):
+                raise BadRequest(f"output '{name}': {unsupported} is not supported by modelserve")
+        outputs[name] = params.get("binary_data")  # None: the request's binary_data_output decides
+    return outputs
+
+
+def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any, text: bool) -> np.ndarray:
+    """The array of a tensor given as JSON ``data`` (nested or flat, row-major)."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        array = _strings_from_json(name, data, text)
+    elif datatype == "BF16":
+        raise BadRequest(f"input '{name}': BF16 tensors travel only as binary data (parameters.binary_data_size)")
+    else:
+        array = _numbers_from_json(name, datatype, FIXED[datatype], data)
+    if array.size != count:
+        raise BadRequest(f"input '{name}': shape {list(shape)} has {count} elements, but 'data' has {array.size}")
+    return array.reshape(shape)
+
+
+def _numbers_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> np.ndarray:
+    kind = dtype.kind
+    try:
+        if kind == "f":
+            array = np.asarray(data, dtype=dtype)
+            # JSON has no NaN or infinity: one here was a null, or a number out of the datatype's range.
+            if not np.isfinite(array).all():
+                raise BadRequest(f"input '{name}': 'data' holds a null or a number out of the range of {datatype}")
+            return array
+        raw = np.asarray(data)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({exc})") from None
+    if raw.size == 0:
+        return raw.astype(dtype)
+    if kind == "b":
+        if raw.dtype.kind != "b":
+            raise BadRequest(f"input '{name}': 'data' of a BOOL tensor must be true or false")
+        return raw
+    if raw.dtype.kind not in "iu":
+        raise BadRequest(f"input '{name}': 'data' of a {datatype} tensor must be integers, got {raw.dtype.name} values")
+    info = np.iinfo(dtype)
+    low, high = raw.min(), raw.max()
+    if low < info.min or high > info.max:
+        raise BadRequest(
+            f"input '{name}': 'data' holds {low if low < info.min else high}, out of the range of {datatype}"
+        )
+    return raw.astype(dtype, copy=False)
+
+
+def _strings_from_json(name: str, data: Any, text: bool) -> np.ndarray:
+    try:
+        raw = np.array(data, dtype=object)
+    except ValueError as exc:
+        raise BadRequest(f"input '{name}': 'data' is not a list of strings ({exc})") from None
+    flat = raw.reshape(-1)
+    for i, item in enumerate(flat):
+        if not isinstance(item, str):
+            raise BadRequest(f"input '{name}': 'data' of a BYTES tensor must be strings, got {_short(item)}")
+        if not text:
+            flat[i] = item.encode()
+    return flat
+
+
+def from_binary(
+    name: str, datatype: str, shape: tuple[int, ...], body: bytes, offset: int, size: int, text: bool
+) -> np.ndarray:
+    """The array of a tensor sent as binary data: ``body[offset:offset + size]``, viewed, not copied."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _strings_from_binary(name, body, offset, size, count, text).reshape(shape)
+    dtype = bfloat16() if datatype == "BF16" else FIXED[datatype]
+    if size != count * dtype.itemsize:
+        raise BadRequest(
+            f"input '{name}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, "
+            f"binary_data_size is {size}"
+        )
+    array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+    if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
+        raise BadRequest(f"input '{name}': a BOOL tensor's bytes must be 0 or 1")
+    return array.reshape(shape)
+
+
+def _strings_from_binary(name: str, body: bytes, offset: int, size: int, count: int, text: bool) -> np.ndarray:
+    end = offset + size
+    items: list[Any] = []
+    unpack = _LENGTH.unpack_from
+    while offset < end:
+        if offset + 4 > end:
+            raise BadRequest(f"input '{name}': BYTES data ends inside an element's 4-byte length")
+        (length,) = unpack(body, offset)
+        offset += 4
+        if offset + length > end:
+            raise BadRequest(f"input '{name}': a BYTES element of {length} bytes runs past binary_data_size")
+        item = body[offset : offset + length]
+        if text:
+            try:
+                items.append(item.decode())
+            except UnicodeDecodeError:
+                raise BadRequest(f"input '{name}': the model's string input needs UTF-8 text") from None
+        else:
+            items.append(item)
+        offset += length
+    if len(items) != count:
+        raise BadRequest(f"input '{name}': its shape has {count} elements, but the BYTES data holds {len(items)}")
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array
+
+
+# ------------------------------------------------------------------------------------------------
+# answers
+
+
+def outputs_of(result: Any) -> dict[str, np.ndarray]:
+    """A Model class's result as V2 outputs: a mapping of name to array (or list, or scalar), or one value for
+    an output named ``output``. `TypeError` for a result numpy cannot make an array of."""
+    if isinstance(result, Mapping):
+        items = list(result.items())
+    else:
+        items = [("output", result)]
+    outputs = {}
+    for name, value in items:
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if array.dtype.kind == "O" and not all(isinstance(item, (str, bytes)) for item in array.flat):
+            raise TypeError(f"output {name!r} is not a tensor (it holds {type(next(iter(array.flat), None)).__name__})")
+        outputs[str(name)] = array
+    return outputs
+
+
+def encode_response(
+    model_name: str,
+    request: InferRequest,
+    outputs: Mapping[str, np.ndarray],
+) -> tuple[bytes, int | None]:
+    """The answer to `request`: (body, header length); the header length is None without binary outputs.
+
+    Outputs the request did not ask for are left out (all of them are sent when it named none). A datatype
+    numpy cannot give raises `TypeError` (the model's fault, a 500); a BYTES output that is not UTF-8 asked
+    for as JSON is a 400 (ask for it as binary)."""
+    wanted = request.outputs
+    names: Iterable[str] = outputs if wanted is None else wanted
+    described = []
+    binaries: list[Any] = []
+    for name in names:
+        array = outputs[name]
+        datatype = datatype_of(array.dtype)
+        binary = request.binary_output if wanted is None or wanted[name] is None else bool(wanted[name])
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            data = _to_binary(array, datatype)
+            tensor["parameters"] = {"binary_data_size": len(data)}
+            binaries.append(data)
+        else:
+            tensor["data"] = _to_json(name, array, datatype)
+        described.append(tensor)
+    answer: dict[str, Any] = {"model_name": model_name, "model_version": "1"}
+    if request.id is not None:
+        answer["id"] = request.id
+    answer["outputs"] = described
+    header = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not binaries:
+        return header, None
+    return b"".join([header, *binaries]), len(header)
+
+
+def _to_binary(array: np.ndarray, datatype: str) -> Any:
+    if datatype == "BYTES":
+        parts = []
+        for item in array.reshape(-1):
+            data = item.encode() if isinstance(item, str) else bytes(item)
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).data.cast("B")
+
+
+def _to_json(name: str, array: np.ndarray, datatype: str) -> Any:
+    if datatype == "BYTES":
+        try:
+            return [item.decode() if isinstance(item, bytes) else str(item) for item in array.reshape(-1)]
+        except UnicodeDecodeError:
+            raise BadRequest(
+                f"output '{name}' holds bytes that are not UTF-8 text; ask for it as binary data "
+                '(outputs: [{"name": ..., "parameters": {"binary_data": true}}])'
+            ) from None
+    if datatype in ("FP16", "BF16"):
+        array = array.astype(np.float32)  # exact; orjson writes no float16
+    elif array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# metadata, and the checks of a request against it
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """An input or output as the metadata route shows it: ``-1`` for a variable dimension; `shape` is None
+    when even the rank is unknown (shown as ``[-1]``)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] | None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape or [-1])}
+
+    def text(self) -> str:
+        return f"'{self.name}' ({self.datatype} {self.describe()['shape']})"
+
+    def from_raw(self, body: bytes, text: bool) -> np.ndarray:
+        """The raw binary request's input: the whole body, its one variable dimension deduced from its size."""
+        shape = self.shape
+        variable = [i for i, d in enumerate(shape or ()) if d < 0]
+        if shape is None or len(variable) > 1:
+            raise BadRequest(
+                f"a raw binary request needs an input with at most one variable dimension; {self.text()} has more"
+            )
+        if self.datatype == "BYTES":
+            return _raw_strings(self, body, shape, variable, text)
+        dtype = bfloat16() if self.datatype == "BF16" else FIXED[self.datatype]
+        known = math.prod(d for d in shape if d >= 0) * dtype.itemsize
+        if (known == 0 and len(body)) or (known and len(body) % known) or (not variable and len(body) != known):
+            raise BadRequest(f"a raw binary request of {len(body)} bytes does not fit input {self.text()}")
+        if variable:
+            shape = tuple(len(body) // known if i == variable[0] else d for i, d in enumerate(shape))
+        return from_binary(self.name, self.datatype, shape, body, 0, len(body), text)
+
+
+def _raw_strings(meta: TensorMeta, body: bytes, shape: tuple[int, ...], variable: list[int], text: bool) -> np.ndarray:
+    if variable:
+        known = math.prod(d for d in shape if d >= 0)
+        items = _count_strings(body)
+        if not known or items % known:
+            raise BadRequest(f"a raw binary request of {items} BYTES elements does not fit input {meta.text()}")
+        shape = tuple(items // known if i == variable[0] else d for i, d in enumerate(shape))
+    return from_binary(meta.name, "BYTES", shape, body, 0, len(body), text)
+
+
+def _count_strings(body: bytes) -> int:
+    """How many length-prefixed elements a BYTES body holds (a bad prefix is found when it is decoded)."""
+    count, offset = 0, 0
+    while offset + 4 <= len(body):
+        offset += 4 + _LENGTH.unpack_from(body, offset)[0]
+        count += 1
+    return count
+
+
+def meta_of(spec: Any) -> TensorMeta | None:
+    """The V2 metadata of a runtime's `TensorSpec`; None for values that are not tensors (ONNX sequences, maps)."""
+    if spec.dtype is None:
+        return None
+    try:
+        datatype = datatype_of(spec.dtype)
+    except TypeError:
+        return None
+    shape = None if spec.shape is None else tuple(d if isinstance(d, int) and d >= 0 else -1 for d in spec.shape)
+    return TensorMeta(spec.name, datatype, shape)
+
+
+def declared(cls: type, attribute: str, label: str) -> tuple[TensorMeta, ...] | None:
+    """A Model class's ``v2_inputs`` or ``v2_outputs`` (a list of ``{"name", "datatype", "shape"}``), or None.
+
+    `ValueError` names what is wrong with a declaration, for the load error."""
+    raw = getattr(cls, attribute, None)
+    if raw is None:
+        return None
+    expected = f'{label}: {attribute} must be a list of {{"name": str, "datatype": one of {", ".join(DATATYPES)}, '
+    expected += '"shape": [int, ...] (-1 for a variable dimension)}'
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"{expected}; got {_short(raw)}")
+    tensors = []
+    for item in raw:
+        ok = (
+            isinstance(item, dict)
+            and isinstance(item.get("name"), str)
+            and item.get("datatype") in DATATYPES
+            and isinstance(item.get("shape"), (list, tuple))
+            and all(type(d) is int and d >= -1 for d in item["shape"])
+        )
+        if not ok:
+            raise ValueError(f"{expected}; got {_short(item)}")
+        tensors.append(TensorMeta(item["name"], item["datatype"], tuple(item["shape"])))
+    return tuple(tensors)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An API's V2 metadata; a request is checked against what is known (None: anything goes)."""
+
+    platform: str
+    inputs: tuple[TensorMeta, ...] | None
+    outputs: tuple[TensorMeta, ...] | None
+    #: BYTES inputs as str: the runtimes' string tensors (onnxruntime reads bytes as their repr).
+    text: bool = False
+
+    @property
+    def raw_input(self) -> TensorMeta | None:
+        """The input of a raw binary request: the model's only one."""
+        return self.inputs[0] if self.inputs is not None and len(self.inputs) == 1 else None
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "versions": ["1"],
+            "platform": self.platform,
+            "inputs": [meta.describe() for meta in self.inputs or ()],
+            "outputs": [meta.describe() for meta in self.outputs or ()],
+        }
+
+    def check(self, request: InferRequest) -> None:
+        """A 400 naming the first input (or requested output) that does not fit the declared tensors."""
+        if self.inputs is not None:
+            _check_inputs(request.inputs, self.inputs)
+        if self.outputs is not None and request.outputs is not None:
+            known = {meta.name for meta in self.outputs}
+            for name in request.outputs:
+                if name not in known:
+                    raise BadRequest(f"unknown output '{name}'; the model's outputs are {_listing(self.outputs)}")
+
+
+def _listing(tensors: Sequence[TensorMeta]) -> str:
+    return ", ".join(meta.text() for meta in tensors)
+
+
+def _check_inputs(inputs: Mapping[str, np.ndarray], declared: tuple[TensorMeta, ...]) -> None:
+    by_name = {meta.name: meta for meta in declared}
+    unknown = [name for name in inputs if name not in by_name]
+    missing = [name for name in by_name if name not in inputs]
+    if unknown or missing:
+        problems = [f"unknown input '{name}'" for name in unknown] + [f"missing input '{name}'" for name in missing]
+        raise BadRequest(f"{'; '.join(problems)}; the model's inputs are {_listing(declared)}")
+    for name, array in inputs.items():
+        meta = by_name[name]
+        datatype = datatype_of(array.dtype)
+        if datatype != meta.datatype:
+            raise BadRequest(f"input '{name}': datatype {datatype}, but the model expects {meta.text()}")
+        shape = meta.shape
+        if shape is None:
+            continue
+        if len(shape) != array.ndim or any(d >= 0 and d != size for d, size in zip(shape, array.shape, strict=True)):
+            raise BadRequest(f"input '{name}': shape {list(array.shape)}, but the model expects {meta.text()}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
