@@ -11,7 +11,8 @@ settings to an API of modelserve.yaml that says ``truss: config.yaml``. What eac
 * ``environment_variables``: set before the model is imported (variables already set, or in ``.env``, win);
 * ``bundled_packages_dir`` (default ``packages``) and ``external_package_dirs``: put on ``sys.path``;
 * ``data_dir`` (default ``data``) and ``secrets``: the constructor's ``data_dir`` and ``secrets``;
-* the whole file (with Truss's defaults for the keys above) is the constructor's ``config``.
+* the whole file (with Truss's defaults for the keys above) is the constructor's ``config``;
+* a client's disconnect notifies running async code (``on_disconnect: notify``) rather than cancelling it.
 
 Keys that only matter to Truss's build and platform (``resources``, ``requirements``, ``base_image``...) are
 accepted and listed in one log line as not applied here.
@@ -210,5 +211,7 @@ def load_truss_project(root: Path) -> ProjectConfig:
         truss=TRUSS_CONFIG,
         env=settings.env,
         python_path=settings.python_path,
+        # Truss's documented cancellation pattern polls `await request.is_disconnected()` in its own code
+        on_disconnect="notify",
     )
     return ProjectConfig(root=root, apis=[api])
