@@ -498,6 +498,8 @@ def test_every_problem_of_a_cortex_yaml_is_in_one_config_error(tmp_path: Path) -
 - kind: api
   name: d
   onnx: {model: s3://bucket/model.onnx}
+- name: metrics
+  handler: {path: handler.py}
 """,
         },
     )
@@ -508,6 +510,7 @@ def test_every_problem_of_a_cortex_yaml_is_in_one_config_error(tmp_path: Path) -
     assert "api 'b': kind BatchAPI is not served by modelserve" in message
     assert "api 'c', handler: key 'path': file 'missing.py' not found" in message
     assert "api 'd', onnx: key 'model': 's3://bucket/model.onnx'" in message
+    assert "api 'metrics': key 'name': 'metrics' is reserved" in message
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,8 @@ from typing import Any
 import yaml
 
 from modelserve.config import (
+    _NAME_RE,
+    RESERVED_NAMES,
     ApiConfig,
     CortexConfig,
     HandlerConfig,
@@ -126,8 +128,13 @@ class _Reader:
             known = ", ".join(sorted(KINDS))
             self.problems.add(where, f"key 'kind': expected one of {known}, got {kind!r}")
             return None
-        if not isinstance(name, str) or not name:
-            self.problems.add(where, "key 'name' is required")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            self.problems.add(
+                where, f"key 'name': expected a URL segment (letters, digits, '-', '_', '.'), got {name!r}"
+            )
+            return None
+        if name in RESERVED_NAMES:
+            self.problems.add(where, f"key 'name': {name!r} is reserved for the server's own routes")
             return None
         skipped = sorted(key for key in raw if key in CLUSTER_KEYS)
         if kind == "api":
