@@ -472,6 +472,15 @@ def test_truss_config_keys(tmp_path: Path) -> None:
     assert load_project_config(tmp_path).apis[0].handler is not None  # model_module_dir: src is recognised
 
 
+def test_truss_key_takes_paths_relative_to_the_truss_config(tmp_path: Path) -> None:
+    shutil.copytree(DATA / "test_truss", tmp_path / "vendor" / "x4")
+    (tmp_path / "modelserve.yaml").write_text("apis:\n  - name: x4\n    truss: vendor/x4/config.yaml\n")
+    (api,) = load_project_config(tmp_path).apis
+    assert api.handler is not None and api.handler.path == "vendor/x4/model/model.py"
+    assert (api.python_path, api.data_dir) == (["vendor/x4/packages"], "vendor/x4/data")
+    assert api.on_disconnect == "cancel"  # modelserve.yaml's default, also with truss:
+
+
 def test_truss_config_problems_are_reported_together(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "config.yaml").write_text("runtime: {predict_concurrency: 0}\nexternal_package_dirs: [../nowhere]\n")

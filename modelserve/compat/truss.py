@@ -21,6 +21,7 @@ accepted and listed in one log line as not applied here.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,12 @@ def _text(value: Any) -> str:
 def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSettings:
     """Read and check a Truss config.yaml; every problem is reported in one `ConfigError`."""
     path = (root / relative_path).resolve()
+    truss_dir = path.parent
+
+    def in_project(relative: str) -> str:
+        """A path of config.yaml (relative to its folder) as the project sees it (relative to the project)."""
+        return os.path.relpath(truss_dir / relative, root).replace(os.sep, "/")
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -132,7 +139,7 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
     module_dir = string("model_module_dir")
     filename = string("model_class_filename")
     class_name = string("model_class_name")
-    handler_path = f"{module_dir.rstrip('/')}/{filename}"
+    handler_path = in_project(f"{module_dir.rstrip('/')}/{filename}")
     if not (root / handler_path).is_file():
         if data.get("docker_server") is not None:
             problems.append(
@@ -152,7 +159,7 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
     secrets = {str(key): (None if value is None else str(value)) for key, value in mapping("secrets").items()}
 
     python_path = []
-    packages = string("bundled_packages_dir")
+    packages = in_project(string("bundled_packages_dir"))
     if (root / packages).is_dir():
         python_path.append(packages)
     external = data.get("external_package_dirs") or []
@@ -160,10 +167,10 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
         problems.append(f"key 'external_package_dirs': expected a list of folders, got {external!r}")
         external = []
     for folder in external:
-        if not (root / folder).is_dir():
-            problems.append(f"key 'external_package_dirs': folder {folder!r} not found (relative to {root})")
+        if not (truss_dir / folder).is_dir():
+            problems.append(f"key 'external_package_dirs': folder {folder!r} not found (relative to {truss_dir})")
         else:
-            python_path.append(folder)
+            python_path.append(in_project(folder))
 
     if problems:
         listing = "\n  - ".join(problems)
@@ -181,7 +188,7 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
         handler_path=handler_path,
         class_name=class_name,
         max_concurrency=concurrency,
-        data_dir=string("data_dir"),
+        data_dir=in_project(string("data_dir")),
         secrets=secrets,
         env=env,
         python_path=python_path,
