@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="modelserve",
         description="Serve the models of a project folder over HTTP.",
     )
-    parser.add_argument("project_dir", help="folder holding modelserve.yaml (or a model.py with a class Model)")
+    parser.add_argument(
+        "project_dir",
+        help="folder holding modelserve.yaml (or a model.py with a class Model, a Truss, a cortex.yaml)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default: {DEFAULT_PORT})")
     parser.add_argument("--workers", type=int, default=1, help="worker processes, each loading the project")
