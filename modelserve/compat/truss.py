@@ -20,6 +20,7 @@ accepted and listed in one log line as not applied here.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -86,11 +87,6 @@ def api_name(model_name: Any) -> str:
     if not name or name in _RESERVED:
         return DEFAULT_API_NAME
     return name
-
-
-def is_truss_config(data: Any) -> bool:
-    """True for a mapping that has at least one of Truss's own keys."""
-    return isinstance(data, dict) and any(key in data for key in (*DEFAULTS, "resources", "requirements"))
 
 
 def _text(value: Any) -> str:
@@ -171,12 +167,13 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
             problems.append(f"key 'external_package_dirs': folder {folder!r} not found (relative to {truss_dir})")
         else:
             python_path.append(in_project(folder))
+    data_dir = in_project(string("data_dir"))
 
     if problems:
         listing = "\n  - ".join(problems)
         raise ConfigError(f"{path} is not a Truss config modelserve can serve:\n  - {listing}")
 
-    config = {**DEFAULTS, **data}
+    config = {**copy.deepcopy(DEFAULTS), **data}
     config["runtime"] = {**DEFAULTS["runtime"], **runtime}
     applied = set(DEFAULTS) | _DESCRIPTIVE
     not_applied = [key for key in data if key not in applied]
@@ -188,7 +185,7 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
         handler_path=handler_path,
         class_name=class_name,
         max_concurrency=concurrency,
-        data_dir=in_project(string("data_dir")),
+        data_dir=data_dir,
         secrets=secrets,
         env=env,
         python_path=python_path,
