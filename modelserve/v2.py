@@ -237,7 +237,12 @@ def _numbers_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any
         if raw.dtype.kind != "b":
             raise BadRequest(f"input '{name}': 'data' of a BOOL tensor must be true or false")
         return raw
-    if raw.dtype.kind not in "iu":
+    if raw.dtype.kind in "fO":
+        # numpy makes floats (or objects) of integers beyond int64 mixed with others: look at the JSON values.
+        raw = np.array(data, dtype=object)
+        if not all(type(item) is int for item in raw.flat):
+            raise BadRequest(f"input '{name}': 'data' of a {datatype} tensor must be integers")
+    elif raw.dtype.kind not in "iu":
         raise BadRequest(f"input '{name}': 'data' of a {datatype} tensor must be integers, got {raw.dtype.name} values")
     info = np.iinfo(dtype)
     low, high = raw.min(), raw.max()
@@ -374,7 +379,7 @@ def _to_binary(array: np.ndarray, datatype: str) -> Any:
         return b"".join(parts)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).data.cast("B")
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # joined into the body without a copy
 
 
 def _to_json(name: str, array: np.ndarray, datatype: str) -> Any:
