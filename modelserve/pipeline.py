@@ -126,20 +126,20 @@ class Pipeline:
         for stage in self.stages:
             if stage.is_async:
                 if group:
-                    steps.append(self._limit(self._sync_step(tuple(group)), cancels=False))
+                    steps.append(self._limit(self._sync_step(tuple(group))))
                     group = []
                 step = self._async_step(stage)
-                steps.append(step if stage.shared else self._limit(step, cancels=True))
+                steps.append(step if stage.shared else self._limit(step))
             else:
                 group.append(stage)
         if group:
-            steps.append(self._limit(self._sync_step(tuple(group)), cancels=False))
+            steps.append(self._limit(self._sync_step(tuple(group))))
         return steps
 
-    def _limit(self, step: Step, cancels: bool) -> Step:
+    def _limit(self, step: Step) -> Step:
         """`step` holding one of `stage_limit` slots until its work has ended, even when its request leaves
-        first (a timeout, a disconnect): the request stops waiting at once; async work (`cancels`) is
-        cancelled, sync work in a thread cannot be and runs on, keeping its slot until it returns."""
+        first (a timeout, a disconnect): the request stops waiting at once, the work runs on in its task (an
+        "async" stage may be sync code in a thread, which cannot be interrupted) and keeps its slot."""
         if self.stage_limit is None:
             return step
         slots = asyncio.Semaphore(self.stage_limit)
@@ -157,12 +157,7 @@ class Pipeline:
                 slots.release()
                 raise
             task.add_done_callback(done)
-            try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if cancels:
-                    task.cancel()
-                raise
+            return await asyncio.shield(task)
 
         return limited
 

@@ -181,7 +181,7 @@ def test_a_hook_still_running_after_its_request_left_keeps_the_hooks_serial(serv
 
 def test_mixed_shapes_are_served_each_with_its_own_rows(server) -> None:
     bodies = [np.full((i % 3 + 1, 2 + i % 2), i, dtype=float).tolist() for i in range(16)]
-    bodies.append(7.0)  # a scalar: refused by the converter (rank), not by batching
+    bodies.append([[1.0, 2.0], [3.0]])  # ragged rows: refused by the converter, not by batching
     before = batching_of(server, "doubler")
     answers = asyncio.run(post_many(server.url + "/doubler", bodies))
     for body, answer in zip(bodies[:-1], answers[:-1], strict=True):

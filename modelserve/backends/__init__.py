@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelserve.context import RequestContext
 from modelserve.errors import LoadError
 from modelserve.pipeline import Pipeline
 
@@ -36,12 +35,6 @@ class Backend:
 
     def describe(self) -> dict[str, Any]:
         return {}
-
-    async def run_job(self, payload: Any, request_id: str, ctx: RequestContext | None) -> Any:
-        """Run one async job; by default the pipeline, without an HTTP request."""
-        if self.pipeline.needs_request:
-            raise LoadError("a stage of this API takes the HTTP request, which async jobs do not have")
-        return await self.pipeline.run(payload, None, ctx)
 
     @property
     def streams(self) -> bool:

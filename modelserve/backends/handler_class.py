@@ -10,10 +10,10 @@ import anyio.to_thread
 
 from modelserve.backends import Backend, resolve_class
 from modelserve.backends.model_class import call_load, check_constructor, construct, constructor_arguments
-from modelserve.context import RequestContext
+from modelserve.context import current_request_id
 from modelserve.errors import LoadError
 from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
-from modelserve.pipeline import RequestCancelled, StageFailed, run_in_thread
+from modelserve.pipeline import Pipeline, Stage, StageCall
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig
@@ -54,26 +54,36 @@ class HandlerClassBackend(Backend):
         if self.has_load:
             load = getattr(self.cls, "load")  # noqa: B009
             await call_load(self.instance, self.label, inspect.iscoroutinefunction(load))
+        self.pipeline = Pipeline(
+            [Stage("handle_async", self._stage_call(), self.is_async)],
+            needs_inputs=True,
+            needs_request=False,
+            timer=self.api_metrics.stage_timer,
+        )
 
-    async def run_job(self, payload: Any, request_id: str, ctx: RequestContext | None) -> Any:
-        arguments = {"payload": payload, "request_id": request_id}
-        kwargs = {name: arguments[name] for name in self.wants}
-        handle = self.instance.handle_async
-        try:
-            if self.is_async:
-                return await handle(**kwargs)
-            return await run_in_thread(_call, handle, kwargs, ctx=ctx)
-        except RequestCancelled:
-            raise
-        except Exception as exc:
-            raise StageFailed("handle_async", exc) from exc
+    def _stage_call(self) -> StageCall:
+        """handle_async as a pipeline stage: the job's payload is the value, its id the request id."""
+        handle, wants_payload = self.instance.handle_async, "payload" in self.wants
+        wants_id = "request_id" in self.wants
+
+        def arguments(value: Any) -> dict[str, Any]:
+            kwargs: dict[str, Any] = {}
+            if wants_payload:
+                kwargs["payload"] = value
+            if wants_id:
+                kwargs["request_id"] = current_request_id()
+            return kwargs
+
+        if self.is_async:
+
+            async def call_async(value: Any, request: Any) -> Any:
+                return await handle(**arguments(value))
+
+            return call_async
+        return lambda value, request: handle(**arguments(value))
 
     def describe(self) -> dict[str, Any]:
         return {
             "class": self.label,
             "handle_async": {"async": self.is_async, "takes": sorted(self.wants)},
         }
-
-
-def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
-    return fn(**kwargs)

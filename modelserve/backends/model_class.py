@@ -176,7 +176,7 @@ class ModelClassBackend(Backend):
             if spec is first and spec.input_model is not None:
                 call = _validating(call, spec.input_model)
             if spec.name == "predict" and self.api.batching is not None:
-                stages.append(Stage("predict", self._batched(spec.bind(instance), spec.is_async), True))
+                stages.append(Stage("predict", self._batched(spec.bind(instance), spec.is_async), True, shared=True))
                 continue
             if spec.name == "predict" and self.spec.stage("postprocess") is not None:
                 call = _refuse_streams(call, spec.is_async)

@@ -14,7 +14,6 @@ of one API are never called concurrently (module-level variables in the hook fil
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import time
@@ -176,7 +175,7 @@ class ModelFileBackend(Backend):
         pre = self.hooks.get("pre_inference")
         if pre is not None:
             stages.append(Stage("pre_inference", self._hook_stage(pre, "pre_inference", self._pre_signature()), True))
-        stages.append(Stage("run", self._run_stage(with_post="post_inference" in self.hooks), True))
+        stages.append(Stage("run", self._run_stage(with_post="post_inference" in self.hooks), True, shared=True))
         post = self.hooks.get("post_inference")
         if post is not None:
             stages.append(
@@ -199,41 +198,13 @@ class ModelFileBackend(Backend):
             async def call_async(value: Any, request: Any) -> Any:
                 return await hook(value, signature, metadata)
 
-            return _skipped_by_v2(self._hooks_limited(call_async))
+            return _skipped_by_v2(call_async)
         adaptive = self.adaptive[name]
 
         async def call(value: Any, request: Any) -> Any:
             return await adaptive.call(hook, value, signature, metadata)
 
-        return _skipped_by_v2(self._hooks_limited(call))
-
-    def _hooks_limited(self, call: Any) -> Any:
-        """With batching, up to max_batch_size requests per running batch are admitted: their hooks still run at
-        most `max_concurrency` at a time, so that with 1 the hooks are never called concurrently.
-
-        A hook call holds its slot until it returns, even when its request leaves first (a timeout, a
-        disconnect): the request stops waiting at once, the call runs on in a task of its own.
-        """
-        if self.api.batching is None:
-            return call
-        slots = asyncio.Semaphore(self.api.max_concurrency)
-
-        def done(task: asyncio.Task[Any]) -> None:
-            slots.release()
-            if not task.cancelled():
-                task.exception()  # retrieved: an error after the request left is not "never retrieved"
-
-        async def limited(value: Any, request: Any) -> Any:
-            await slots.acquire()
-            try:
-                task = asyncio.ensure_future(call(value, request))
-            except BaseException:
-                slots.release()
-                raise
-            task.add_done_callback(done)
-            return await asyncio.shield(task)
-
-        return limited
+        return _skipped_by_v2(call)
 
     def _run_stage(self, with_post: bool) -> Any:
         model, converter = self.model, self.converter
