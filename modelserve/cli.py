@@ -73,6 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="folder of secret files, one per secret name, read by a Model's `secrets` (default: /secrets)",
     )
+    security = parser.add_argument_group("serving beyond loopback")
+    security.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        default=None,
+        help="require an API key on every route but the probes; the keys are in this environment variable",
+    )
+    security.add_argument(
+        "--cors-origin",
+        metavar="ORIGIN",
+        action="append",
+        default=[],
+        help="let web pages of this origin (https://app.example.com) call the server from a browser; repeatable",
+    )
+    security.add_argument("--ssl-certfile", metavar="PATH", default=None, help="serve HTTPS with this certificate")
+    security.add_argument("--ssl-keyfile", metavar="PATH", default=None, help="the certificate's private key")
+    security.add_argument(
+        "--ssl-keyfile-password-env",
+        metavar="NAME",
+        default=None,
+        help="environment variable holding the private key's password",
+    )
     return parser
 
 
@@ -141,6 +163,9 @@ def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         "workers": args.workers,
         "reload": args.reload,
         "graceful_timeout": args.graceful_timeout,
+        "host": args.host,
+        "api_key_env": args.api_key_env,
+        "cors_origins": args.cors_origin,
     }
 
 
@@ -153,6 +178,9 @@ def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
         on_load_error=on_load_error,
         jobs_store=settings["jobs_store"],
         workers=settings["workers"],
+        host=settings["host"],
+        api_key_env=settings["api_key_env"],
+        cors_origins=settings["cors_origins"],
     )
     app.server.graceful_timeout = settings["graceful_timeout"]
     return app
@@ -170,6 +198,46 @@ def worker_app() -> Any:
         os._exit(EXIT_LOAD)
 
     return _make_app(settings, stop_worker)
+
+
+def _ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS settings from ``--ssl-*``, checked by loading the certificate once (`ValueError` says why)."""
+    if args.ssl_certfile is None:
+        if args.ssl_keyfile is not None or args.ssl_keyfile_password_env is not None:
+            raise ValueError("--ssl-keyfile and --ssl-keyfile-password-env need --ssl-certfile")
+        return {}
+    password = None
+    if args.ssl_keyfile_password_env is not None:
+        password = os.environ.get(args.ssl_keyfile_password_env)
+        if password is None:
+            raise ValueError(
+                f"--ssl-keyfile-password-env: the environment variable {args.ssl_keyfile_password_env} is not set"
+            )
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            args.ssl_certfile, args.ssl_keyfile, password
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the TLS certificate {args.ssl_certfile!r} and its key: {exc}") from None
+    return {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile, "ssl_keyfile_password": password}
+
+
+def _warn_exposed(host: str, keys: bool, tls: bool) -> None:
+    """Say what a bind beyond loopback serves to the network (README: Serving beyond loopback)."""
+    from modelserve.http.guard import is_loopback
+
+    if is_loopback(host):
+        return
+    if not keys:
+        logger.warning(
+            "serving on %s without API keys: every API, job and /metrics is open to anyone who can reach the port "
+            "(see auth: in modelserve.yaml, or --api-key-env)",
+            host,
+        )
+    elif not tls:
+        logger.warning("serving on %s over plain HTTP: API keys cross the network in clear text", host)
 
 
 def _ignore_signal(signum: int, frame: Any) -> None:
@@ -202,8 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from modelserve.errors import ConfigError, LoadError
 
+    try:
+        ssl_kwargs = _ssl_settings(args)
+    except ValueError as exc:
+        print(f"modelserve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     display_host = f"[{args.host}]" if ":" in args.host else args.host
-    base_url = f"http://{display_host}:{args.port}"
+    scheme = "https" if ssl_kwargs else "http"
+    base_url = f"{scheme}://{display_host}:{args.port}"
     settings = _settings(args, base_url)
     multiprocess = args.workers > 1 or args.reload
     if args.workers > 1:
@@ -223,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoadError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_LOAD
+    _warn_exposed(args.host, app.server.project.auth is not None, bool(ssl_kwargs))
 
     import uvicorn
 
@@ -233,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "timeout_graceful_shutdown": args.graceful_timeout,
         "server_header": False,
         "access_log": args.access_log,
+        **ssl_kwargs,
     }
     if not multiprocess:
         config = uvicorn.Config(app, **config_kwargs)

@@ -7,7 +7,7 @@ what was expected and what was found, so that a user fixes the whole file in one
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,11 @@ MODEL_FORMATS = ("onnx", "tensorflow")
 ON_DISCONNECT = ("cancel", "notify")
 #: The wire protocols a project serves: modelserve's own routes, the Open Inference Protocol (``/v2/...``).
 PROTOCOLS = ("native", "v2")
+#: The methods a CORS policy may allow (Starlette's list); ``*`` allows them all.
+CORS_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUERY")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ORIGIN_RE = re.compile(r"^[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?$")
+_TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 @dataclass
@@ -116,12 +121,48 @@ class JobsConfig:
 
 
 @dataclass
+class AuthConfig:
+    """API keys (project-level `auth:`): where the keys are read from, never the keys themselves."""
+
+    #: An environment variable holding the API keys, separated by commas or whitespace.
+    api_keys_env: str | None = None
+    #: A file of the project holding the API keys, one per line (``#`` starts a comment).
+    api_keys_file: str | None = None
+    #: An environment variable holding the keys that open ``/metrics`` (the API keys open it too).
+    metrics_key_env: str | None = None
+    #: The APIs whose routes need a key; None: every route but the probes.
+    apis: list[str] | None = None
+
+
+@dataclass
+class CorsConfig:
+    """Cross-origin requests from browsers (project-level `cors:`), with Starlette's CORSMiddleware rules."""
+
+    allow_origins: list[str] = field(default_factory=list)
+    allow_methods: list[str] = field(default_factory=lambda: ["GET", "HEAD", "POST", "DELETE"])
+    allow_headers: list[str] = field(
+        default_factory=lambda: ["Authorization", "X-API-Key", "X-Request-ID", "Inference-Header-Content-Length"]
+    )
+    expose_headers: list[str] = field(default_factory=lambda: ["X-Request-ID", "Retry-After"])
+    allow_credentials: bool = False
+    #: Answer Chrome's Private Network Access preflights (a public web site calling a server on this network).
+    allow_private_network: bool = False
+    max_age: int = 600
+
+
+@dataclass
 class ProjectConfig:
     root: Path
     apis: list[ApiConfig]
     jobs: JobsConfig = field(default_factory=JobsConfig)
     #: The wire protocols served (`PROTOCOLS`): ``protocols: [native, v2]`` at the top of modelserve.yaml.
     protocols: list[str] = field(default_factory=lambda: list(PROTOCOLS))
+    #: API keys (``auth:``); None: no route needs a key.
+    auth: AuthConfig | None = None
+    #: Cross-origin requests (``cors:``); None: no ``Access-Control-*`` header is sent.
+    cors: CorsConfig | None = None
+    #: The ``Host`` values answered (``allowed_hosts:``, ``*.example.com`` wildcards); None: decided by the bind.
+    allowed_hosts: list[str] | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,6 +224,58 @@ def _string_list(value: Any) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise _Invalid("a list of strings")
     return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("true or false")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not _ENV_NAME_RE.match(value):
+        raise _Invalid("the name of an environment variable (letters, digits and '_')")
+    return value
+
+
+def check_origin(origin: str) -> str:
+    """`origin` as browsers send it (``https://app.example.com:8443``, or ``*``); `_Invalid` says why not."""
+    if origin != "*" and not _ORIGIN_RE.match(origin):
+        raise _Invalid(f"an origin like 'https://app.example.com' (scheme, host, port; no path), got {origin!r}")
+    return origin
+
+
+def _origins(value: Any) -> list[str]:
+    return [check_origin(origin) for origin in _string_list(value)]
+
+
+def _methods(value: Any) -> list[str]:
+    methods = [method.upper() for method in _string_list(value)]
+    if any(method != "*" and method not in CORS_METHODS for method in methods):
+        raise _Invalid("a list of HTTP methods (" + ", ".join(CORS_METHODS) + ") or '*'")
+    return methods
+
+
+def _header_names(value: Any) -> list[str]:
+    names = _string_list(value)
+    if any(name != "*" and not _TOKEN_RE.match(name) for name in names):
+        raise _Invalid("a list of header names (or '*')")
+    return names
+
+
+def check_host_pattern(pattern: str) -> str:
+    """A host name for `allowed_hosts` with Starlette's TrustedHostMiddleware rules: ``*``, ``*.example.com``,
+    ``example.com``, ``[::1]``; no scheme and no port."""
+    bracketed = pattern.startswith("[") and pattern.endswith("]")
+    if "*" in pattern[1:] or (pattern.startswith("*") and pattern != "*" and not pattern.startswith("*.")):
+        raise _Invalid(f"a host name; wildcards must be like '*.example.com', got {pattern!r}")
+    if ("/" in pattern or ":" in pattern) and not bracketed:
+        raise _Invalid(f"a host name without scheme or port (the port is not checked), got {pattern!r}")
+    return pattern
+
+
+def _host_patterns(value: Any) -> list[str]:
+    return [check_host_pattern(pattern) for pattern in _string_list(value)]
 
 
 def _choice(*choices: str) -> Callable[[Any], str]:
@@ -262,6 +355,17 @@ _MODEL_KEYS = {
 }
 _BATCHING_KEYS = {"max_batch_size", "max_wait_ms"}
 _JOBS_KEYS = {"store", "path", "prefix"}
+_AUTH_KEYS = {"api_keys_env", "api_keys_file", "metrics_key_env", "apis"}
+_CORS_KEYS = {
+    "allow_origins",
+    "allow_methods",
+    "allow_headers",
+    "expose_headers",
+    "allow_credentials",
+    "allow_private_network",
+    "max_age",
+}
+_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts"}
 
 
 def infer_model_format(path: str) -> str | None:
@@ -431,6 +535,55 @@ def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
     return config
 
 
+def _parse_auth(raw: Any, root: Path, problems: _Problems) -> AuthConfig | None:
+    try:
+        section = _mapping(raw)
+    except _Invalid:
+        problems.add("auth", f"expected a mapping, got {_describe(raw)}")
+        return None
+    problems.unknown_keys(section, _AUTH_KEYS, "auth")
+    config = AuthConfig()
+    config.api_keys_env = problems.take(section, "api_keys_env", _env_name, "auth")
+    config.api_keys_file = problems.take(section, "api_keys_file", _string, "auth")
+    config.metrics_key_env = problems.take(section, "metrics_key_env", _env_name, "auth")
+    config.apis = problems.take(section, "apis", _string_list, "auth")
+    if config.api_keys_file is not None and not (root / config.api_keys_file).is_file():
+        problems.add("auth", f"key 'api_keys_file': file {config.api_keys_file!r} not found in {root}")
+    if not any(key in section for key in ("api_keys_env", "api_keys_file", "metrics_key_env")):
+        problems.add("auth", "needs 'api_keys_env' or 'api_keys_file' (where the keys are; never the keys themselves)")
+    if config.apis is not None and config.api_keys_env is None and config.api_keys_file is None:
+        problems.add("auth", "key 'apis': the APIs it names need API keys ('api_keys_env' or 'api_keys_file')")
+    return config
+
+
+def _parse_cors(raw: Any, problems: _Problems) -> CorsConfig | None:
+    try:
+        section = _mapping(raw)
+    except _Invalid:
+        problems.add("cors", f"expected a mapping, got {_describe(raw)}")
+        return None
+    problems.unknown_keys(section, _CORS_KEYS, "cors")
+    config = CorsConfig()
+    config.allow_origins = problems.take(section, "allow_origins", _origins, "cors", config.allow_origins)
+    config.allow_methods = problems.take(section, "allow_methods", _methods, "cors", config.allow_methods)
+    config.allow_headers = problems.take(section, "allow_headers", _header_names, "cors", config.allow_headers)
+    config.expose_headers = problems.take(section, "expose_headers", _header_names, "cors", config.expose_headers)
+    config.allow_credentials = problems.take(section, "allow_credentials", _bool, "cors", config.allow_credentials)
+    config.allow_private_network = problems.take(
+        section, "allow_private_network", _bool, "cors", config.allow_private_network
+    )
+    config.max_age = problems.take(section, "max_age", _non_negative_int, "cors", config.max_age)
+    if "allow_origins" not in section:
+        problems.add("cors", "key 'allow_origins' is required (the origins of the pages that may call, or '*')")
+    if config.allow_credentials and "*" in config.allow_origins:
+        problems.add(
+            "cors",
+            "allow_credentials with the origin '*' would let every web site send a browser's "
+            "credentials; list the origins",
+        )
+    return config
+
+
 def _protocols(value: Any) -> list[str]:
     names = _string_list(value)
     if any(name not in PROTOCOLS for name in names):
@@ -443,14 +596,22 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
     problems = _Problems(source)
     jobs = JobsConfig()
     protocols = list(PROTOCOLS)
+    auth: AuthConfig | None = None
+    cors: CorsConfig | None = None
+    allowed_hosts: list[str] | None = None
     if isinstance(data, list):
         raw_apis: Any = data
     elif isinstance(data, dict):
-        problems.unknown_keys(data, {"apis", "jobs", "protocols"}, "top level")
+        problems.unknown_keys(data, _TOP_KEYS, "top level")
         raw_apis = data.get("apis")
         if "jobs" in data:
             jobs = _parse_jobs(data["jobs"], problems)
         protocols = problems.take(data, "protocols", _protocols, "top level", protocols)
+        if data.get("auth") is not None:
+            auth = _parse_auth(data["auth"], root, problems)
+        if data.get("cors") is not None:
+            cors = _parse_cors(data["cors"], problems)
+        allowed_hosts = problems.take(data, "allowed_hosts", _host_patterns, "top level")
     else:
         raise ConfigError(f"{source} is not valid: expected a mapping with 'apis:' or a list of APIs")
     if not isinstance(raw_apis, list) or not raw_apis:
@@ -467,8 +628,33 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
         if api.name in seen:
             problems.add(f"api '{api.name}'", "key 'name': two APIs have this name")
         seen.add(api.name)
+    for name in auth.apis or () if auth is not None else ():
+        if name not in seen:
+            problems.add("auth", f"key 'apis': no API is named {name!r} (APIs: {', '.join(sorted(seen))})")
     problems.raise_if_any()
-    return ProjectConfig(root=root, apis=apis, jobs=jobs, protocols=protocols)
+    return ProjectConfig(
+        root=root, apis=apis, jobs=jobs, protocols=protocols, auth=auth, cors=cors, allowed_hosts=allowed_hosts
+    )
+
+
+def apply_command_line(project: ProjectConfig, api_key_env: str | None, cors_origins: Sequence[str]) -> None:
+    """The command line's ``--api-key-env`` and ``--cors-origin`` over modelserve.yaml's `auth` and `cors`: the
+    variable replaces ``api_keys_env`` (a keys file is still read), the origins are added to ``allow_origins``."""
+    problems = _Problems("the command line")
+    if api_key_env is not None:
+        if not _ENV_NAME_RE.match(api_key_env):
+            problems.add("--api-key-env", f"expected the name of an environment variable, got {api_key_env!r}")
+        project.auth = project.auth or AuthConfig()
+        project.auth.api_keys_env = api_key_env
+    for origin in cors_origins:
+        try:
+            check_origin(origin)
+        except _Invalid as exc:
+            problems.add("--cors-origin", f"expected {exc}")
+    problems.raise_if_any()
+    if cors_origins:
+        project.cors = project.cors or CorsConfig()
+        project.cors.allow_origins = list(dict.fromkeys([*project.cors.allow_origins, *cors_origins]))
 
 
 def _truss_without_model_dir(path: Path) -> bool:

@@ -5,7 +5,10 @@
     * `LoadError`: user code could not be imported, validated, constructed or loaded (CLI exit code 3).
         * `MissingExtraError`: an optional dependency is missing; the message holds the pip command.
     * `HTTPError`: the end of one call that is not a success, with the status code it is answered with.
-        * `BadRequest` (400): the request is wrong; the message says what and where.
+        * `BadRequest` (400): the request is wrong; the message says what and where (a refused ``Host``,
+          a refused CORS preflight too).
+        * `Unauthorized` (401, ``WWW-Authenticate: Bearer``): the route needs an API key and the request
+          carries none, or a wrong one.
         * `NotFound` (404), `MethodNotAllowed` (405), `Conflict` (409), `PayloadTooLarge` (413).
             * `DuplicateJob` (409): a job with this id exists.
         * `ServiceUnavailable` (503, ``Retry-After``): not ready, shutting down, or full.
@@ -70,6 +73,16 @@ class HTTPError(ModelserveError):
 class BadRequest(HTTPError):
     status_code = 400
     default_message = "bad request"
+
+
+class Unauthorized(HTTPError):
+    """The route needs an API key (``auth:`` in modelserve.yaml) and the request has none or a wrong one."""
+
+    status_code = 401
+    default_message = "this route needs an API key: send Authorization: Bearer <key> or X-API-Key: <key>"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, headers={"www-authenticate": "Bearer"})
 
 
 class NotFound(HTTPError):

@@ -126,6 +126,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=owner,
         )
+        self.auth_failures = Counter(
+            PREFIX + "auth_failures",
+            "Requests refused with 401 for lack of a valid API key, by reason (missing, invalid)",
+            ["reason"],
+            registry=owner,
+        )
         self._exposed = _WithoutCreated(self.registry)
         self._refreshers: list[Callable[[], None]] = []
         self._apis: list[ApiMetrics] = []

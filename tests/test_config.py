@@ -172,7 +172,7 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
         ),
         (
             "api:\n  - name: echo\n    handler: {path: model.py}\n",
-            "top level: unknown key 'api' (known keys: apis, jobs, protocols)",
+            "top level: unknown key 'api' (known keys: allowed_hosts, apis, auth, cors, jobs, protocols)",
         ),
         (
             "42\n",

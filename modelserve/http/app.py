@@ -13,7 +13,7 @@ meanwhile ``/readyz`` and the APIs answer 503.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,11 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelserve.codecs import JSON_TYPE
-from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, load_project_config
+from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
 from modelserve.errors import ConfigError, ServiceUnavailable
 from modelserve.http._asgi import request_headers, send_body, send_json
 from modelserve.http.errors import render, send_error
+from modelserve.http.guard import Guard
 from modelserve.http.jobs import JobsEndpoint
 from modelserve.http.realtime import RealtimeEndpoint
 from modelserve.http.routing import Route, RouteTable, TableRoute
@@ -107,7 +108,7 @@ class ModelserveApp(Starlette):
 
     server: ModelServer
 
-    def __init__(self, server: ModelServer, base_url: str | None) -> None:
+    def __init__(self, server: ModelServer, base_url: str | None, host: str | None = None) -> None:
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             server.start()
@@ -118,6 +119,8 @@ class ModelserveApp(Starlette):
 
         self.server = server
         self.table = RouteTable(routes(server))
+        # The Host check, CORS and API keys (modelserve.http.guard), or the table itself when none is on.
+        self._edge = Guard.of(self.table, self.table, server.project, host, server.metrics)
         self._base_url_known = base_url is not None or "MODELSERVE_URL" in os.environ
         super().__init__(
             routes=[TableRoute(self._http)],
@@ -144,7 +147,7 @@ class ModelserveApp(Starlette):
         if not self._base_url_known:
             self._base_url_known = True
             os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
-        await self.table(scope, receive, send)
+        await self._edge(scope, receive, send)
 
 
 def _base_url_of(scope: Scope) -> str:
@@ -164,6 +167,9 @@ def create_app(
     on_load_error: LoadErrorCallback | None = None,
     jobs_store: str | None = None,
     workers: int = 1,
+    host: str | None = None,
+    api_key_env: str | None = None,
+    cors_origins: Sequence[str] = (),
     **api_options: Any,
 ) -> ModelserveApp:
     """Build the ASGI app of a project folder, or of one handler class given directly.
@@ -185,6 +191,11 @@ def create_app(
     `jobs_store` overrides the project's ``jobs: store:`` (sqlite, memory or a redis:// URL); `workers` is the
     number of processes that will serve this project (some stores refuse more than one).
 
+    `host` is the address the server is bound to, when the caller knows it (the CLI's ``--host``): a
+    loopback address turns on the Host check against DNS rebinding (see ``allowed_hosts``).
+    `api_key_env` and `cors_origins` are the CLI's ``--api-key-env`` and ``--cors-origin``, over the
+    project's ``auth`` and ``cors``. API keys are read here, from the environment or the keys file.
+
     `base_url` is the URL the server is reached at (with the mount prefix); user code reads it as
     ``MODELSERVE_URL`` to call the other APIs of the same server. Raises `ConfigError` for a bad project
     folder and `LoadError` for user code that cannot be imported or has invalid signatures.
@@ -205,5 +216,6 @@ def create_app(
         project = ProjectConfig(root=Path.cwd(), apis=[api])
     if jobs_store is not None:
         project.jobs.store = jobs_store
+    apply_command_line(project, api_key_env, cors_origins)
     server = ModelServer(project, on_load_error=on_load_error, workers=workers)
-    return ModelserveApp(server, base_url)
+    return ModelserveApp(server, base_url, host)
