@@ -215,13 +215,17 @@ def _ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
             )
     import ssl
 
-    try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-            args.ssl_certfile, args.ssl_keyfile, password
-        )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:  # an encrypted key without a password fails here, rather than OpenSSL prompting on the terminal
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile, password if password is not None else _no_password)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot load the TLS certificate {args.ssl_certfile!r} and its key: {exc}") from None
+        hint = "" if password is not None else " (an encrypted key needs --ssl-keyfile-password-env)"
+        raise ValueError(f"cannot load the TLS certificate {args.ssl_certfile!r} and its key: {exc}{hint}") from None
     return {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile, "ssl_keyfile_password": password}
+
+
+def _no_password() -> str:
+    return ""
 
 
 def _warn_exposed(host: str, keys: bool, tls: bool) -> None:

@@ -1,0 +1,205 @@
+"""CORS (`modelserve.http.cors`): preflights answered without running anything, the headers on every answer
+(errors included), refused origins, methods and headers; through a real server, and in-process for a 503."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import modelserve
+from modelserve.config import CorsConfig
+from modelserve.http.cors import Cors
+from tests.conftest import write_project
+
+ALLOWED = "http://app.example"
+OTHER = "http://evil.example"
+KEY = "cors-test-key-0123456789"
+
+MODEL = """
+class Model:
+    def predict(self, inputs):
+        with open("calls.log", "a") as log:
+            log.write("predict\\n")
+        return inputs
+"""
+
+CONFIG = """
+apis:
+  - name: echo
+    handler: {path: model.py}
+auth: {api_keys_env: CORS_TEST_KEYS}
+cors:
+  allow_origins: ["http://app.example", "http://other.app.example:8080"]
+  max_age: 120
+"""
+
+
+def calls(root: Path) -> int:
+    path = root / "calls.log"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_project(tmp_path_factory.mktemp("cors") / "project", {"model.py": MODEL, "modelserve.yaml": CONFIG})
+
+
+@pytest.fixture(scope="module")
+def server(root: Path, start_server_module: Any) -> Any:
+    server = start_server_module(root, "--cors-origin", "http://cli.example", env={"CORS_TEST_KEYS": KEY})
+    server.wait_ready()
+    return server
+
+
+def preflight(url: str, origin: str, method: str = "POST", headers: str | None = None) -> httpx.Response:
+    request = {"origin": origin, "access-control-request-method": method}
+    if headers is not None:
+        request["access-control-request-headers"] = headers
+    return httpx.options(url, headers=request)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("origin", [ALLOWED, "http://other.app.example:8080", "http://cli.example"])
+def test_a_preflight_from_an_allowed_origin_is_answered_without_running_anything(
+    server: Any, root: Path, origin: str
+) -> None:
+    before = calls(root)
+    answer = preflight(f"{server.url}/echo", origin, headers="content-type, x-api-key, Authorization")
+    assert answer.status_code == 204, answer.text
+    assert answer.headers["access-control-allow-origin"] == origin
+    assert "POST" in answer.headers["access-control-allow-methods"]
+    allowed = answer.headers["access-control-allow-headers"].lower()
+    assert {"content-type", "x-api-key", "authorization"} <= {name.strip() for name in allowed.split(",")}
+    assert answer.headers["access-control-max-age"] == "120"
+    assert "Origin" in answer.headers["vary"]
+    assert "access-control-allow-credentials" not in answer.headers
+    assert answer.content == b""
+    assert calls(root) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("origin", "method", "headers", "refused"),
+    [
+        (OTHER, "POST", None, "origin"),
+        ("http://app.example:80", "POST", None, "origin"),
+        (ALLOWED, "PUT", None, "method"),
+        (ALLOWED, "POST", "x-custom", "headers"),
+    ],
+)
+def test_a_preflight_that_asks_too_much_is_refused(
+    server: Any, root: Path, origin: str, method: str, headers: str | None, refused: str
+) -> None:
+    before = calls(root)
+    answer = preflight(f"{server.url}/echo", origin, method, headers)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == f"CORS preflight refused: {refused} not allowed"
+    if refused == "origin":
+        assert "access-control-allow-origin" not in answer.headers
+    assert calls(root) == before
+
+
+@pytest.mark.slow
+def test_answers_carry_the_headers_for_an_allowed_origin_only(server: Any) -> None:
+    allowed = httpx.post(f"{server.url}/echo", json=1, headers={"origin": ALLOWED, "x-api-key": KEY})
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == ALLOWED
+    assert allowed.headers["access-control-expose-headers"] == "X-Request-ID, Retry-After"
+    assert allowed.headers["vary"] == "Origin"
+    other = httpx.post(f"{server.url}/echo", json=1, headers={"origin": OTHER, "x-api-key": KEY})
+    assert other.status_code == 200  # a browser would not let the page read it
+    assert "access-control-allow-origin" not in other.headers
+    assert other.headers["vary"] == "Origin"
+    without = httpx.post(f"{server.url}/echo", json=1, headers={"x-api-key": KEY})
+    assert "access-control-allow-origin" not in without.headers and without.headers["vary"] == "Origin"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("method", "path", "body", "key", "status"),
+    [
+        ("POST", "/echo", b"{}", None, 401),
+        ("POST", "/echo", b"{not json", KEY, 400),
+        ("GET", "/nowhere", b"", KEY, 404),
+        ("PUT", "/echo", b"", KEY, 405),
+        ("GET", "/metrics", b"", None, 401),
+    ],
+)
+def test_error_answers_carry_the_headers(
+    server: Any, method: str, path: str, body: bytes, key: str | None, status: int
+) -> None:
+    headers = {"origin": ALLOWED, "content-type": "application/json"}
+    if key is not None:
+        headers["x-api-key"] = key
+    answer = httpx.request(method, server.url + path, content=body, headers=headers)
+    assert answer.status_code == status
+    assert answer.headers["access-control-allow-origin"] == ALLOWED
+    assert answer.headers["vary"] == "Origin"
+
+
+class SlowToLoad:
+    def load(self) -> None:
+        import time
+
+        time.sleep(0.5)
+
+    def predict(self, inputs: Any) -> Any:
+        return inputs
+
+
+def test_a_503_while_loading_carries_the_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(os.getcwd())
+    monkeypatch.setenv("MODELSERVE_URL", "unset")
+    monkeypatch.delenv("MODELSERVE_URL")
+    app = modelserve.create_app(handler=SlowToLoad, name="slow", cors_origins=[ALLOWED])
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            loading = await client.post("/slow", json=1, headers={"origin": ALLOWED})
+            await app.server.wait_loaded()
+            loaded = await client.post("/slow", json=1, headers={"origin": ALLOWED})
+            await app.server.close()
+            return loading, loaded
+
+    loading, loaded = asyncio.run(scenario())
+    assert loading.status_code == 503 and loading.headers["access-control-allow-origin"] == ALLOWED
+    assert loaded.status_code == 200 and loaded.headers["access-control-allow-origin"] == ALLOWED
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The policy itself, against Starlette's rules.
+
+
+def test_any_origin_answers_a_star_unless_credentials_are_allowed() -> None:
+    anyone = Cors(CorsConfig(allow_origins=["*"]))
+    assert dict(anyone.headers_for(b"http://x.example"))[b"access-control-allow-origin"] == b"*"
+    assert anyone.headers_for(None) == []
+    assert dict(anyone.preflight(b"http://x.example", b"POST", None, False))[b"access-control-allow-origin"] == b"*"
+    listed = Cors(CorsConfig(allow_origins=[ALLOWED], allow_credentials=True))
+    headers = dict(listed.headers_for(ALLOWED.encode()))
+    assert headers[b"access-control-allow-origin"] == ALLOWED.encode()
+    assert headers[b"access-control-allow-credentials"] == b"true"
+    assert listed.headers_for(None) == [(b"vary", b"Origin")]
+
+
+def test_star_headers_and_methods_echo_what_is_asked() -> None:
+    cors = Cors(CorsConfig(allow_origins=[ALLOWED], allow_methods=["*"], allow_headers=["*"]))
+    headers = dict(cors.preflight(ALLOWED.encode(), b"PATCH", b"x-anything, x-more", False))
+    assert headers[b"access-control-allow-headers"] == b"x-anything, x-more"
+    assert b"PATCH" in headers[b"access-control-allow-methods"]
+
+
+def test_private_network_preflights_need_their_own_setting() -> None:
+    refused = Cors(CorsConfig(allow_origins=[ALLOWED]))
+    with pytest.raises(modelserve.BadRequest, match="private network"):
+        refused.preflight(ALLOWED.encode(), b"POST", None, True)
+    allowed = Cors(CorsConfig(allow_origins=[ALLOWED], allow_private_network=True))
+    assert (b"access-control-allow-private-network", b"true") in allowed.preflight(
+        ALLOWED.encode(), b"POST", None, True
+    )
