@@ -163,7 +163,6 @@ def test_async_generator_truss_streams_chunk_by_chunk(pool: Any) -> None:
         assert [chunk.decode() for chunk in answer.iter_bytes(1)] == ["0", "1", "2", "3", "4"]
 
 
-@pytest.mark.xfail(strict=False, reason="needs on_disconnect notify / Accept json collect (call path)")
 def test_async_generator_truss_collects_the_stream_for_accept_json(pool: Any) -> None:
     # test_async_streaming, second half: Accept: application/json gets one JSON document of the chunks
     server = pool("test_streaming_async_generator_truss")
@@ -391,7 +390,6 @@ def test_errors_are_500_and_logged(pool: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="needs on_disconnect notify / Accept json collect (call path)")
 def test_async_streaming_cancellation_runs_the_users_own_branch(pool: Any) -> None:
     # test_async_streaming_with_cancellation (seed 002): the model polls request.is_disconnected() itself
     server = pool("async_streaming_cancellation")
@@ -402,7 +400,6 @@ def test_async_streaming_cancellation_runs_the_users_own_branch(pool: Any) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="needs on_disconnect notify / Accept json collect (call path)")
 def test_async_non_streaming_cancellation_runs_the_users_own_branch(start_server: Any) -> None:
     # test_async_non_streaming_with_cancellation
     server = served(start_server, "async_non_streaming_cancellation")

@@ -124,6 +124,11 @@ def _request_with_body(scope: Scope, body: bytes, ctx: RequestContext) -> Reques
 
     async def receive() -> dict[str, Any]:
         nonlocal replayed
+        if ctx.cancelled:
+            return {"type": "http.disconnect"}
+        # A checkpoint before the body: Request.is_disconnected() looks without waiting (its cancel scope is
+        # cancelled before it awaits), so it is cancelled here instead of taking the body from request.body().
+        await asyncio.sleep(0)
         if not replayed:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
