@@ -17,19 +17,11 @@ from typing import Any
 
 import orjson
 
-from modelserve.errors import BadRequest
+from modelserve.errors import BadRequest, EncodeError
 
 JSON_TYPE = b"application/json"
 TEXT_TYPE = b"text/plain; charset=utf-8"
 BYTES_TYPE = b"application/octet-stream"
-
-
-class EncodeError(TypeError):
-    """A result of a type that no encoder knows."""
-
-    def __init__(self, value: Any, type_name: str | None = None) -> None:
-        self.type_name = type_name or f"{type(value).__module__}.{type(value).__qualname__}"
-        super().__init__(f"cannot encode a result of type {self.type_name}")
 
 
 def parse_content_type(header: str | None) -> tuple[str, dict[str, str]]:

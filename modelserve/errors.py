@@ -21,6 +21,8 @@
     * `RequestCancelled`: raised between stages of a call that was cancelled (timeout, disconnect, DELETE).
     * `StreamAborted`: a stream failed after it began; the transport ends it without a clean end.
     * `EncodeError` (also a `TypeError`): a result of a type no encoder knows.
+    * `StreamWithPostprocess` (also a `TypeError`): predict returned a stream where postprocess wants a value.
+    * `SecretNotFound` (also a `KeyError`): user code read a secret that is not declared, or set nowhere.
     * `BatchSizeMismatch` (also a `ValueError`): a batched call returned another number of results.
     * `MetricsError` (also a `ValueError`): user code asked for a metric that cannot exist.
 
@@ -184,6 +186,28 @@ class EncodeError(ModelserveError, TypeError):
     def __init__(self, value: Any, type_name: str | None = None) -> None:
         self.type_name = type_name or f"{type(value).__module__}.{type(value).__qualname__}"
         super().__init__(f"cannot encode a result of type {self.type_name}")
+
+
+class StreamWithPostprocess(ModelserveError, TypeError):
+    """Seen only at run time: a predict that returns a generator while a postprocess waits for a value."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "predict returned a generator (a stream), but postprocess needs a whole value; "
+            "remove postprocess or return a value from predict"
+        )
+
+
+class SecretNotFound(ModelserveError, KeyError):
+    """A secret that was not declared, or is declared but set nowhere; the message says how to provide it."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(name)
+        self.name = name
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class BatchSizeMismatch(ModelserveError, ValueError):

@@ -24,6 +24,8 @@ import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from modelserve.errors import SecretNotFound
+
 #: The environment variable the CLI's ``--secrets-dir`` sets, so that worker processes see it too.
 SECRETS_DIR_ENV = "MODELSERVE_SECRETS_DIR"
 DEFAULT_SECRETS_DIR = "/secrets"
@@ -33,18 +35,6 @@ TRUSS_PREFIX = "TRUSS_SECRET_"
 def secrets_dir() -> Path:
     """The folder of secret files: ``--secrets-dir``, else ``/secrets``."""
     return Path(os.environ.get(SECRETS_DIR_ENV) or DEFAULT_SECRETS_DIR)
-
-
-class SecretNotFound(KeyError):
-    """A secret that was not declared, or is declared but set nowhere."""
-
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(name)
-        self.name = name
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class Secrets(Mapping[str, str]):

@@ -14,7 +14,7 @@ import anyio.to_thread
 
 from modelserve.backends import Backend, resolve_class
 from modelserve.batching import Batcher
-from modelserve.errors import BadRequest, LoadError
+from modelserve.errors import BadRequest, LoadError, StreamWithPostprocess
 from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
 from modelserve.pipeline import Pipeline, Stage, StageCall, adapt, run_in_thread
 from modelserve.project import apply_api_environment, describe_error
@@ -96,14 +96,6 @@ async def call_load(instance: Any, label: str, is_async: bool) -> None:
             await anyio.to_thread.run_sync(instance.load)
     except Exception as exc:
         raise LoadError(f"{label}: {type(instance).__name__}.load() raised {describe_error(exc)}") from exc
-
-
-class StreamWithPostprocess(TypeError):
-    def __init__(self) -> None:
-        super().__init__(
-            "predict returned a generator (a stream), but postprocess needs a whole value; "
-            "remove postprocess or return a value from predict"
-        )
 
 
 def _is_stream(value: Any) -> bool:
