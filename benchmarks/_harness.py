@@ -22,9 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 _LUA = """
 wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["Content-Type"] = "application/json"
-
+%s
+%s
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d\\n", summary.requests, summary.duration,
@@ -51,9 +50,19 @@ class Run:
     requests: int = 0
 
 
-def write_wrk_script(path: Path, body: str) -> Path:
-    """A wrk lua script that posts `body` as JSON and prints the result line `wrk` reads."""
-    path.write_text(_LUA % body)
+def write_wrk_script(path: Path, body: str | bytes, headers: dict[str, str] | None = None) -> Path:
+    """A wrk lua script that posts `body` (as JSON unless `headers` say otherwise) and prints the result line
+    `wrk` reads. A bytes body is written beside the script, which reads it back (lua strings hold any byte)."""
+    if isinstance(body, bytes):
+        path.with_suffix(".body").write_bytes(body)
+        source = f'local file = io.open("{path.with_suffix(".body")}", "rb")\nwrk.body = file:read("*a")\nfile:close()'
+    else:
+        source = f"wrk.body = '{body}'"
+    lines = [
+        f'wrk.headers["{key}"] = "{value}"'
+        for key, value in ({"Content-Type": "application/json"} | (headers or {})).items()
+    ]
+    path.write_text(_LUA % (source, "\n".join(lines) + "\n"))
     return path
 
 

@@ -340,6 +340,15 @@ def test_raw_binary_request(server: Server) -> None:
     assert refused.status_code == 400 and "raw binary request" in refused.json()["error"]
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(client: Any, server: Server, algorithm: str) -> None:
+    x = infer_input("input", np.array(ROWS, np.float32), True)
+    result = client.infer("iris", [x], request_compression_algorithm=algorithm)
+    assert result.as_numpy("label").tolist() == iris_expected(ROWS)[1].tolist()
+    refused = httpx.post(f"{server.url}/v2/models/iris/infer", content=b"{}", headers={"Content-Encoding": "br"})
+    assert refused.status_code == 400 and "Content-Encoding 'br'" in refused.json()["error"]
+
+
 def test_request_id_is_echoed(server: Server, client: Any) -> None:
     x = infer_input("input", np.array(ROWS, np.float32), True)
     assert client.infer("iris", [x], request_id="req-42").get_response()["id"] == "req-42"
@@ -517,6 +526,13 @@ def test_protocols_turn_routes_off(tmp_path: Path, protocols: list[str]) -> None
         native = http.post("/echo", json={"x": 1})
         assert (v2.status_code == 200) == ("v2" in protocols)
         assert (native.status_code == 200) == ("native" in protocols)
+
+
+def test_an_api_named_v2_is_refused() -> None:
+    import modelserve
+
+    with pytest.raises(modelserve.ConfigError, match="named 'v2'"):
+        modelserve.create_app(handler=type("Model", (), {"predict": lambda self, x: x}), name="v2")
 
 
 # ------------------------------------------------------------------------------------------------

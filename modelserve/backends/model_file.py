@@ -217,6 +217,8 @@ class ModelFileBackend(Backend):
         has_pre = "pre_inference" in self.hooks
         batched = self._batched_run() if self.api.batching is not None else None
 
+        v2_names = tuple(spec.name for spec in model.outputs)  # ONNX's outputs come as a list in this order
+
         async def call(value: Any, request: Any) -> Any:
             v2 = type(value) is V2Inputs
             if isinstance(value, (bytes, bytearray)) and not has_pre:
@@ -230,7 +232,11 @@ class ModelFileBackend(Backend):
             else:
                 prediction = await adaptive.call(run, feeds, size=_size(feeds))
             if v2:
-                return _v2_outputs(model, prediction)
+                return (
+                    V2Outputs(prediction)
+                    if isinstance(prediction, dict)
+                    else V2Outputs(zip(v2_names, prediction, strict=True))
+                )
             if not with_post:
                 return as_response(prediction)
             return prediction if for_hook is None else for_hook(prediction)
@@ -308,13 +314,6 @@ def _skipped_by_v2(call: Any) -> Any:
         return await call(value, request)
 
     return hook
-
-
-def _v2_outputs(model: LoadedModel, prediction: Any) -> V2Outputs:
-    """The model's outputs by name: ONNX's list in the model's output order, TensorFlow's dict as it is."""
-    if isinstance(prediction, dict):
-        return V2Outputs(prediction)
-    return V2Outputs(zip((spec.name for spec in model.outputs), prediction, strict=True))
 
 
 def _size(feeds: dict[str, Any]) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -35,7 +36,7 @@ from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, JSON_TYPE
 from modelserve.context import RequestContext, current, sane_request_id
-from modelserve.errors import BadRequest, ConfigError, LoadError, ServiceUnavailable, UserCodeError
+from modelserve.errors import BadRequest, ConfigError, LoadError, PayloadTooLarge, ServiceUnavailable, UserCodeError
 from modelserve.http._asgi import check_length, disconnected, read_body, send_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.realtime import DECODE_INLINE_MAX, _request_with_body
@@ -53,9 +54,9 @@ PLATFORMS = {"onnx": "onnx_onnxv1", "tensorflow": "tensorflow_savedmodel"}
 EXTENSIONS = ["binary_tensor_data"]
 
 
-def _headers(scope: Scope) -> tuple[str | None, str | None, str | None]:
-    """(X-Request-ID, Content-Length, Inference-Header-Content-Length) from one pass over the headers."""
-    request_id = content_length = header_length = None
+def _headers(scope: Scope) -> tuple[str | None, str | None, str | None, str | None]:
+    """(X-Request-ID, Content-Length, Inference-Header-Content-Length, Content-Encoding) in one pass."""
+    request_id = content_length = header_length = encoding = None
     for key, value in scope["headers"]:
         if key == b"content-length":
             content_length = value.decode("latin-1")
@@ -63,7 +64,32 @@ def _headers(scope: Scope) -> tuple[str | None, str | None, str | None]:
             header_length = value.decode("latin-1")
         elif key == b"x-request-id":
             request_id = value.decode("latin-1")
-    return request_id, content_length, header_length
+        elif key == b"content-encoding":
+            encoding = value.decode("latin-1").strip().lower()
+    return request_id, content_length, header_length, encoding
+
+
+#: zlib's window bits for the Content-Encodings tritonclient may send (request_compression_algorithm).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:
+    """A compressed request body, decompressed to at most `limit` bytes (a 413 beyond: no zip bombs)."""
+    if encoding == "identity":
+        return body
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise BadRequest(f"Content-Encoding {encoding!r} is not supported (gzip, deflate or identity)")
+    inflate = zlib.decompressobj(wbits)
+    try:
+        data = inflate.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"the request body is not valid {encoding} data: {exc}") from None
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the request body decompresses to more than the limit of {limit} bytes")
+    if not inflate.eof:
+        raise BadRequest(f"the request body ends inside its {encoding} data")
+    return data
 
 
 def _header_length(text: str | None) -> int | None:
@@ -118,11 +144,11 @@ class V2Model:
 
     async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        header_id, content_length, header_length = _headers(scope)
+        header_id, content_length, header_length, encoding = _headers(scope)
         ctx = RequestContext(self.name, sane_request_id(header_id))
         token = current.set(ctx)
         try:
-            status = await self._infer(scope, receive, send, ctx, header_id, content_length, header_length)
+            status = await self._infer(scope, receive, send, ctx, header_id, content_length, header_length, encoding)
         except asyncio.CancelledError:
             # The server's shutdown cancelled us after its grace period (see RealtimeEndpoint.post).
             logger.warning("api '%s': request %s stopped by the server's shutdown (503)", self.name, ctx.request_id)
@@ -148,6 +174,7 @@ class V2Model:
         header_id: str | None,
         content_length: str | None,
         header_length: str | None,
+        encoding: str | None,
     ) -> int:
         api = self.api
         # Admission before work, as on the native route: a request that will be refused is refused unread.
@@ -158,6 +185,8 @@ class V2Model:
         try:
             signature = self.signature()
             body = await read_body(receive, limit, content_length)
+            if encoding is not None:
+                body = _decompressed(body, encoding, limit)
             args = (body, _header_length(header_length), signature.raw_input, signature.text)
             if len(body) > DECODE_INLINE_MAX:
                 request = await _threads.run_sync(decode_request, *args)
@@ -191,6 +220,11 @@ class V2Model:
             if isinstance(result, _NotATensor):
                 raise result
             outputs = result if type(result) is V2Outputs else class_outputs(result)
+            if request.outputs is None and self._signature is not None and self._signature.outputs is not None:
+                # The declared outputs (a model file's tensors: not its ONNX sequences or maps), when named none.
+                declared = self._signature.outputs
+                if len(declared) != len(outputs):
+                    outputs = {meta.name: outputs[meta.name] for meta in declared if meta.name in outputs}
             if request.outputs is not None:
                 missing = [name for name in request.outputs if name not in outputs]
                 if missing:
