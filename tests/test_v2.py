@@ -23,7 +23,7 @@ import pytest
 from modelserve.errors import BadRequest
 from modelserve.v2 import InferRequest, decode_request, encode_response
 from tests.conftest import REPO, Server, write_project
-from tests.models import iris_expected, iris_onnx, iris_saved_model, save_model, two_inputs_onnx
+from tests.models import iris_expected, iris_onnx, iris_saved_model, save_model, shared_batch_onnx, two_inputs_onnx
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -97,6 +97,8 @@ apis:
     model: {path: types.onnx}
   - name: two
     model: {path: two.onnx}
+  - name: shared
+    model: {path: shared.onnx}
   - name: echo
     handler: {path: model.py, class: Echo}
   - name: doubler
@@ -156,6 +158,7 @@ def server(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -
     iris_onnx(root / "iris.onnx")
     types_onnx(root / "types.onnx")
     two_inputs_onnx(root / "two.onnx")
+    shared_batch_onnx(root / "shared.onnx")
     iris_saved_model(root / "iris_tf")
     started: Server = start_server_module(root, "--no-access-log")
     started.wait_ready(timeout=90)
@@ -387,6 +390,7 @@ def test_v2_and_native_answers_are_equal(server: Server, client: Any) -> None:
         ("iris", [("features", np.zeros((1, 4), np.float32))], "unknown input 'features'; missing input 'input'"),
         ("two", [("a", np.zeros((1, 2), np.float32))], "missing input 'b'"),
         ("doubler", [("x", np.zeros((1, 3), np.int32))], "input 'x': datatype INT32"),
+        ("shared", [("a", np.zeros((1, 2), np.float32)), ("b", np.zeros((2, 2), np.float32))], "dimension 'batch'"),
     ],
 )
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
