@@ -221,7 +221,7 @@ class ModelFileBackend(Backend):
         # A V2 request's tensors were checked against the model's metadata (names, exact datatypes, shapes) by
         # `modelserve.v2.Signature`; the converter has one more check to make for inputs that share a named
         # dimension, and none otherwise (2 us of a small model's 20).
-        named = [dim for spec in model.inputs for dim in set(spec.shape or ()) if isinstance(dim, str)]
+        named = [dim for spec in model.inputs for dim in spec.shape or () if isinstance(dim, str)]
         v2_checked = len(named) == len(set(named))
 
         async def call(value: Any, request: Any) -> Any:
