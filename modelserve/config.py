@@ -6,6 +6,7 @@ what was expected and what was found, so that a user fixes the whole file in one
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -377,6 +378,21 @@ def infer_model_format(path: str) -> str | None:
     return None
 
 
+def outside_project(root: Path, path: str) -> Path | None:
+    """Where `path` (relative to the project, or absolute) leads when it leaves the project folder, after
+    symlinks; None when it stays inside. User code must live in the project (``handler.path``)."""
+    resolved = (root / path).resolve()
+    return None if resolved.is_relative_to(root.resolve()) else resolved
+
+
+def escapes_project(path: str) -> bool:
+    """Whether a relative `path` climbs out of the project with ``..`` (an absolute path is the user's
+    explicit choice: models often live on a shared volume, and a symlink in the project is one too)."""
+    if Path(path).is_absolute():
+        return False
+    return os.path.normpath(path).split(os.sep)[0] == os.pardir
+
+
 def _parse_handler(raw: Any, where: str, root: Path, problems: _Problems) -> HandlerConfig | None:
     try:
         section = _mapping(raw)
@@ -389,7 +405,14 @@ def _parse_handler(raw: Any, where: str, root: Path, problems: _Problems) -> Han
         if "path" not in section:
             problems.add(f"{where}, handler", "key 'path' is required (a Python file in the project)")
         return None
-    if not (root / path).is_file():
+    outside = outside_project(root, path)
+    if outside is not None:
+        problems.add(
+            f"{where}, handler",
+            f"key 'path': {path!r} leads to {str(outside)!r}, outside the project folder; user code must be "
+            "in the project",
+        )
+    elif not (root / path).is_file():
         problems.add(f"{where}, handler", f"key 'path': file {path!r} not found in {root}")
     return HandlerConfig(
         path=path,
@@ -411,7 +434,9 @@ def _parse_model(raw: Any, where: str, root: Path, problems: _Problems) -> Model
         if "path" not in section:
             problems.add(where, "key 'path' is required (an .onnx file or a SavedModel folder)")
         return None
-    if not (root / path).exists():
+    if escapes_project(path):
+        problems.add(where, f"key 'path': {path!r} leaves the project folder; a model elsewhere needs an absolute path")
+    elif not (root / path).exists():
         problems.add(where, f"key 'path': {path!r} not found in {root}")
     fmt = problems.take(section, "format", _choice(*MODEL_FORMATS), where)
     if fmt is None and "format" not in section:

@@ -75,9 +75,11 @@ def import_file(root: Path, relative_path: str, instance: str | None = None) -> 
     module = _modules.get((path, instance))
     if module is not None:
         return module
+    if not path.is_relative_to(root.resolve()):
+        raise LoadError(f"{relative_path}: leads to {str(path)!r}, outside the project folder {str(root)!r}")
     if not path.is_file():
         raise LoadError(f"{relative_path}: file not found in {root}")
-    dotted = ".".join(path.relative_to(root).with_suffix("").parts) if path.is_relative_to(root) else path.stem
+    dotted = ".".join(path.relative_to(root.resolve()).with_suffix("").parts)
     name = f"modelserve_project.{dotted}"
     if instance is not None:
         name += "__" + "".join(char if char.isalnum() else "_" for char in instance)

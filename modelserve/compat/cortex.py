@@ -32,6 +32,8 @@ from modelserve.config import (
     ModelFileConfig,
     ProjectConfig,
     _Problems,
+    escapes_project,
+    outside_project,
 )
 from modelserve.errors import ConfigError
 
@@ -287,6 +289,14 @@ class _Reader:
         if not isinstance(path, str) or not path:
             self.problems.add(where, f"key '{key}' is required (a Python file in the project)")
             return False
+        outside = outside_project(self.root, path)
+        if outside is not None:
+            self.problems.add(
+                where,
+                f"key '{key}': {path!r} leads to {str(outside)!r}, outside the project folder; user code must be "
+                "in the project",
+            )
+            return False
         if not (self.root / path).is_file():
             self.problems.add(where, f"key '{key}': file {path!r} not found in {self.root}")
             return False
@@ -302,6 +312,11 @@ class _Reader:
                 f"key '{key}': {raw!r} is in cloud storage, which modelserve does not download from; download "
                 "the model (for instance `aws s3 cp --recursive` or `gsutil cp -r`) and give its local path, "
                 "relative to the folder of cortex.yaml",
+            )
+            return None
+        if escapes_project(raw):
+            self.problems.add(
+                where, f"key '{key}': {raw!r} leaves the project folder; a model elsewhere needs an absolute path"
             )
             return None
         if not (self.root / raw).exists():

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig
+from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, outside_project
 from modelserve.errors import ConfigError
 
 logger = logging.getLogger("modelserve")
@@ -136,7 +136,13 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
     filename = string("model_class_filename")
     class_name = string("model_class_name")
     handler_path = in_project(f"{module_dir.rstrip('/')}/{filename}")
-    if not (root / handler_path).is_file():
+    outside = outside_project(root, handler_path)
+    if outside is not None:
+        problems.append(
+            f"the model class file {handler_path!r} leads to {str(outside)!r}, outside the project folder; "
+            "user code must be in the project"
+        )
+    elif not (root / handler_path).is_file():
         if data.get("docker_server") is not None:
             problems.append(
                 "key 'docker_server': this Truss runs its own server image, which modelserve cannot run; "

@@ -114,15 +114,28 @@ def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
     return convert
 
 
+#: The largest magnitude below which every integer is a float64 exactly. A float beyond it may not be the
+#: number the client wrote: JSON parsers give an integer outside 64 bits as the nearest float (-2**63 - 1
+#: arrives as -2.0**63), so an int64 or uint64 input refuses such floats rather than round them.
+_EXACT_FLOAT_INT = 2**53
+
+
 def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
     info = np.iinfo(dtype)
+    bounds = f"the range of {dtype.name}, {info.min} to {info.max}"
+    float_limit = min(_EXACT_FLOAT_INT, info.max)
+
+    def out_of_range(number: Any) -> _Unusable:
+        return _Unusable(f"holds {number}, out of {bounds}")
 
     def convert(value: Any) -> np.ndarray:
         try:
             raw = value if isinstance(value, np.ndarray) else np.asarray(value)
-        except (ValueError, TypeError, OverflowError) as exc:
+        except OverflowError:  # a Python int beyond 64 bits
+            raise _too_large_int(value, info.min, info.max, out_of_range) from None
+        except (ValueError, TypeError) as exc:
             raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
-        if raw.dtype == dtype:
+        if raw.dtype == dtype:  # the fast path: JSON integers parsed straight into the input's dtype
             return raw
         kind = raw.dtype.kind
         if kind in "iuf" and raw.size:
@@ -130,8 +143,17 @@ def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
                 raise _Unusable(f"holds a value that is not an integer, which {dtype.name} needs")
             low, high = raw.min(), raw.max()
             if low < info.min or high > info.max:
-                raise _Unusable(f"holds {low if low < info.min else high}, out of the range of {dtype.name}")
-        elif kind not in "biuf":
+                raise out_of_range(low if low < info.min else high)
+            if kind == "f" and (low < -float_limit or high > float_limit):
+                raise _Unusable(
+                    f"holds {low if low < -float_limit else high}, a float too large to be an exact integer; "
+                    f"send JSON integers (without a decimal point or exponent) within {bounds}"
+                )
+        elif kind == "O" and raw.size:
+            numbers = [item for item in raw.flat if isinstance(item, int) and not isinstance(item, bool)]
+            if numbers and (min(numbers) < info.min or max(numbers) > info.max):
+                raise out_of_range(min(numbers) if min(numbers) < info.min else max(numbers))
+        if kind not in "biuf":
             try:
                 return raw.astype(dtype)
             except (ValueError, TypeError, OverflowError) as exc:
@@ -139,6 +161,18 @@ def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
         return raw.astype(dtype)
 
     return convert
+
+
+def _too_large_int(value: Any, low: int, high: int, out_of_range: Callable[[Any], _Unusable]) -> _Unusable:
+    """The error for nested lists holding a Python int that numpy cannot hold: names the first one."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, int) and not low <= item <= high:
+            return out_of_range(item)
+    return _Unusable("holds an integer too large for any integer dtype")
 
 
 def _to_bool(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:

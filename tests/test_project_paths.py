@@ -1,0 +1,144 @@
+"""Containment: user code must be in the project folder (after symlinks), a relative model path must not
+leave it, and integers must fit the input's dtype (issue #16, item 5)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from onnx import TensorProto, helper
+
+from modelserve.config import load_project_config
+from modelserve.errors import ConfigError
+from tests.conftest import write_project
+from tests.models import save_model
+
+MODEL = """
+class Model:
+    def predict(self, inputs):
+        return inputs
+"""
+
+
+def outside_file(tmp_path: Path) -> Path:
+    return write_project(tmp_path / "elsewhere", {"evil.py": MODEL}) / "evil.py"
+
+
+def test_a_symlinked_handler_outside_the_project_is_refused_by_the_server(tmp_path: Path, start_server: Any) -> None:
+    evil = outside_file(tmp_path)
+    root = write_project(
+        tmp_path / "project", {"modelserve.yaml": "apis:\n  - name: m\n    handler: {path: model.py, class: Model}\n"}
+    )
+    (root / "model.py").symlink_to(evil)
+    server = start_server(root)
+    assert server.wait_exit() == 2
+    assert "modelserve: error:" in server.log
+    assert "'model.py' leads to" in server.log and "outside the project folder" in server.log
+    assert str(evil) in server.log
+
+
+@pytest.mark.parametrize("path", ["../elsewhere/evil.py", "ABSOLUTE", "sub/../../elsewhere/evil.py"])
+def test_a_handler_path_outside_the_project_is_a_config_error(tmp_path: Path, path: str) -> None:
+    evil = outside_file(tmp_path)
+    path = str(evil) if path == "ABSOLUTE" else path
+    root = write_project(
+        tmp_path / "project", {"modelserve.yaml": f"apis:\n  - name: m\n    handler: {{path: {path}}}\n"}
+    )
+    with pytest.raises(ConfigError, match="outside the project folder") as info:
+        load_project_config(root)
+    assert repr(path) in str(info.value)
+
+
+def test_a_cortex_handler_outside_the_project_is_refused(tmp_path: Path) -> None:
+    outside_file(tmp_path)
+    root = write_project(
+        tmp_path / "project",
+        {"cortex.yaml": "- name: m\n  kind: RealtimeAPI\n  handler: {type: python, path: ../elsewhere/evil.py}\n"},
+    )
+    with pytest.raises(ConfigError, match="'../elsewhere/evil.py' leads to .* outside the project folder"):
+        load_project_config(root)
+
+
+def test_a_truss_model_file_symlinked_outside_the_project_is_refused(tmp_path: Path) -> None:
+    evil = outside_file(tmp_path)
+    root = write_project(tmp_path / "project", {"config.yaml": "model_name: m\n"})
+    (root / "model").mkdir()
+    (root / "model" / "model.py").symlink_to(evil)
+    with pytest.raises(ConfigError, match="'model/model.py' leads to .* outside the project folder"):
+        load_project_config(root)
+
+
+def test_a_relative_model_path_may_not_leave_the_project_but_an_absolute_one_may(tmp_path: Path) -> None:
+    model = int64_identity(tmp_path / "shared" / "m.onnx")
+    yaml = "apis:\n  - name: m\n    model: {{path: {}}}\n"
+    root = write_project(tmp_path / "project", {"modelserve.yaml": yaml.format("../shared/m.onnx")})
+    with pytest.raises(ConfigError, match="'../shared/m.onnx' leaves the project folder"):
+        load_project_config(root)
+    (root / "modelserve.yaml").write_text(yaml.format(model))
+    assert load_project_config(root).apis[0].model.path == str(model)  # type: ignore[union-attr]
+
+
+def test_import_file_refuses_a_path_outside_the_project(tmp_path: Path) -> None:
+    from modelserve.errors import LoadError
+    from modelserve.project import import_file
+
+    evil = outside_file(tmp_path)
+    root = write_project(tmp_path / "project", {"ok.py": "x = 1\n"})
+    with pytest.raises(LoadError, match="outside the project folder"):
+        import_file(root, os.path.relpath(evil, root))
+
+
+# ------------------------------------------------------------------------------------------------
+# Integers out of the input dtype's range: a 400 naming the input and the range
+
+
+def int64_identity(path: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["ids"], ["out"])],
+        "ids",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("out", TensorProto.INT64, [None])],
+    )
+    return save_model(graph, path)
+
+
+@pytest.fixture(scope="module")
+def int_server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any) -> Any:
+    pytest.importorskip("onnxruntime")
+    root = tmp_path_factory.mktemp("ints")
+    int64_identity(root / "ids.onnx")
+    write_project(root, {"modelserve.yaml": "apis:\n  - name: ids\n    model: {path: ids.onnx}\n"})
+    server = start_server_module(root)
+    server.wait_ready()
+    return server
+
+
+@pytest.mark.parametrize(
+    "body, shown",
+    [
+        ("[-9223372036854775809, 1]", "-9.223372036854776e+18"),  # JSON parsers give it as the nearest float
+        ("[9223372036854775808]", "9223372036854775808"),
+        ("[1, 18446744073709551616]", "1.8446744073709552e+19"),
+        ("[9.3e18]", "9.3e+18"),
+    ],
+)
+def test_an_integer_out_of_range_is_a_400_naming_the_input_and_the_range(
+    int_server: Any, body: str, shown: str
+) -> None:
+    answer = httpx.post(int_server.url + "/ids", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert "input 'ids'" in error and shown in error
+    assert "-9223372036854775808 to 9223372036854775807" in error
+
+
+@pytest.mark.parametrize("body", ["[-9223372036854775808, 9223372036854775807]", "[1.0, 2.0]"])
+def test_integers_in_range_are_served_exactly(int_server: Any, body: str) -> None:
+    answer = httpx.post(int_server.url + "/ids", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert [int(x) for x in answer.json()["out"]] == [
+        int(float(x)) if "." in x else int(x) for x in body[1:-1].split(",")
+    ]
