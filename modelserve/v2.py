@@ -45,6 +45,7 @@ FIXED: dict[str, np.dtype[Any]] = {
 }
 #: Every datatype a tensor may have: the fixed-size ones, BF16 (binary only) and BYTES.
 DATATYPES = (*FIXED, "BF16", "BYTES")
+_KNOWN = frozenset(DATATYPES)
 _BY_DTYPE: dict[np.dtype[Any], str] = {dtype: name for name, dtype in FIXED.items()}
 _LENGTH = struct.Struct("<I")
 
@@ -161,7 +162,7 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
         datatype = item.get("datatype")
-        if datatype not in DATATYPES:
+        if type(datatype) is not str or datatype not in _KNOWN:
             raise BadRequest(f"input '{name}': unknown datatype {datatype!r}; known: {', '.join(DATATYPES)}")
         shape = item.get("shape")
         if type(shape) is not list:
@@ -228,7 +229,7 @@ def from_json(name: str, datatype: str, shape: Sequence[int], data: Any, text: b
     if dtype is not None and dtype.kind == "f":  # the common case, in line
         try:
             array = np.asarray(data, dtype=dtype)
-        except (ValueError, TypeError, OverflowError) as exc:
+        except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:  # the warning where it is an error
             raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({exc})") from None
         # JSON has no NaN or infinity: one here was a null, or a number out of the datatype's range.
         if not _finite(array):
