@@ -138,7 +138,7 @@ def test_a_request_cancelled_while_waiting_leaves_its_batch(server, project: Pat
     body = b'{"x": 5}'
     sock = socket.create_connection((host, int(port)))
     sock.sendall(
-        b"POST /waiting HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        b"POST /waiting HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
         + str(len(body)).encode()
         + b"\r\n\r\n"
         + body

@@ -240,12 +240,14 @@ def test_a_request_cancelled_while_waiting_leaves_its_batch(server) -> None:
     before = batching_of(server, "waiting")
     body = b"[[5, 6]]"
     sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(
-        b"POST /waiting HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
-    wait_for(lambda: batching_of(server, "waiting")["waiting"] == 1)
-    sock.close()
+    try:
+        sock.sendall(
+            b"POST /waiting HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        wait_for(lambda: batching_of(server, "waiting")["waiting"] == 1)
+    finally:
+        sock.close()
     wait_for(lambda: batching_of(server, "waiting")["waiting"] == 0)
     assert httpx.post(server.url + "/waiting", json=[[1, 2]]).json() == {"y": [[2, 4]]}
     after = batching_of(server, "waiting")

@@ -396,7 +396,9 @@ def test_async_streaming_cancellation_runs_the_users_own_branch(pool: Any) -> No
     with pytest.raises(httpx.ReadTimeout):
         with httpx.Client(timeout=httpx.Timeout(1.0, connect=1.0, read=1.0)) as client:
             client.post(server.url + "/model", json={}, timeout=1.0).raise_for_status()
-    assert eventually(lambda: "Cancelled (during gen)." in server.log, timeout=3)
+    # The published model looks at t = 1 s, when the client's 1 s timeout fires: on a busy machine the
+    # disconnect may be seen at that first look. Either way the user's own branch must run.
+    assert eventually(lambda: "Cancelled (during gen)." in server.log or "Cancelled (before gen)." in server.log)
 
 
 @pytest.mark.slow
