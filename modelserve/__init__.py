@@ -46,10 +46,22 @@ __all__ = [
 
 
 def serve(project_dir: str, host: str = "127.0.0.1", port: int = 8888, **options: object) -> int:
-    """Serve a project folder like ``python -m modelserve`` would; returns the exit code."""
-    from modelserve.cli import main
+    """Serve a project folder like ``python -m modelserve`` would; returns the exit code.
 
-    argv = [str(project_dir), "--host", host, "--port", str(port)]
+    A relative `project_dir` is relative to the folder the program was in. With ``workers=N`` or
+    ``reload=True`` the worker processes re-import the script that called `serve` (Python's ``spawn``);
+    there this call returns 0 at once instead of serving again, so a plain script needs no
+    ``if __name__ == "__main__":`` guard (the script's other top-level code still runs in each worker).
+    """
+    import sys
+
+    caller = sys._getframe(1).f_globals.get("__name__")
+    if caller == "__mp_main__":  # a worker process importing the user's script: the parent serves
+        return 0
+    from modelserve.cli import main
+    from modelserve.project import caller_dir
+
+    argv = [str(caller_dir() / project_dir), "--host", host, "--port", str(port)]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:

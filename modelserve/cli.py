@@ -1,7 +1,8 @@
 """The command line: ``python -m modelserve PROJECT_DIR`` (also installed as ``modelserve``).
 
 Exit codes: 0 after a clean shutdown (SIGINT, SIGTERM), 2 for a bad command line or project folder, 3 when
-a handler fails to load. Only this module turns errors into exit codes.
+a handler fails to load, 4 when the address cannot be listened on (a port in use, an unknown host). Only this
+module turns errors into exit codes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from modelserve.jobs import STORE_CHOICES
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_LOAD = 3
+EXIT_ADDRESS = 4
 DEFAULT_PORT = 8888
 DEFAULT_GRACE = 30.0
 
@@ -36,10 +38,13 @@ logger = logging.getLogger("modelserve")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from modelserve import __version__
+
     parser = argparse.ArgumentParser(
         prog="modelserve",
         description="Serve the models of a project folder over HTTP.",
     )
+    parser.add_argument("--version", action="version", version=f"modelserve {__version__}")
     parser.add_argument(
         "project_dir",
         help="folder holding modelserve.yaml (or a model.py with a class Model, a Truss, a cortex.yaml)",
@@ -197,7 +202,14 @@ def worker_app() -> Any:
         logging.shutdown()
         os._exit(EXIT_LOAD)
 
-    return _make_app(settings, stop_worker)
+    if not settings["reload"]:
+        return _make_app(settings, stop_worker)
+    try:
+        return _make_app(settings, stop_worker)
+    except Exception as exc:  # a saved mistake: answer 503 naming it until the next change reloads
+        from modelserve._reload import failed_app
+
+        return failed_app(exc)
 
 
 def _ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -246,6 +258,25 @@ def _warn_exposed(host: str, keys: bool, tls: bool) -> None:
 
 def _ignore_signal(signum: int, frame: Any) -> None:
     return None
+
+
+def _listen(config: Any) -> Any:
+    """The server's socket, bound before any model loads; `OSError` names the address when it cannot be."""
+    try:
+        return config.bind_socket()
+    except SystemExit:  # uvicorn logged the OSError and exits; say which address, in our words
+        pass
+    import socket
+
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    try:
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        with socket.socket(family) as probe:
+            probe.bind((config.host, config.port))
+        reason = "it could not be bound"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    raise OSError(f"cannot listen on {host}:{config.port}: {reason}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -316,6 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if not multiprocess:
         config = uvicorn.Config(app, **config_kwargs)
+        try:
+            sock = _listen(config)
+        except OSError as exc:
+            print(f"modelserve: error: {exc}", file=sys.stderr)
+            return EXIT_ADDRESS
         server = uvicorn.Server(config)
 
         def stop(exc: Exception) -> None:
@@ -328,13 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _ignore_signal)
         signal.signal(signal.SIGINT, _ignore_signal)
         try:
-            server.run()
+            server.run(sockets=[sock])
         except KeyboardInterrupt:
             pass
         except SystemExit as exc:
             return int(exc.code or 0)
-        if failures:
-            print(f"modelserve: error: {failures[0]}", file=sys.stderr)
+        if failures:  # the error itself was logged when it happened
+            print("modelserve: error: the project failed to load (see the error above)", file=sys.stderr)
             return EXIT_LOAD
         return EXIT_OK if server.started else EXIT_USAGE
 
@@ -342,9 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[_ENV_SETTINGS] = json.dumps(settings)
     config = uvicorn.Config("modelserve.cli:worker_app", factory=True, workers=args.workers, **config_kwargs)
     try:
-        sock = config.bind_socket()
-    except SystemExit:
-        return EXIT_USAGE
+        sock = _listen(config)
+    except OSError as exc:
+        print(f"modelserve: error: {exc}", file=sys.stderr)
+        return EXIT_ADDRESS
     if args.reload:
         from modelserve._reload import ProjectReload
 

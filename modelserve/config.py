@@ -439,6 +439,9 @@ def _parse_model(raw: Any, where: str, root: Path, problems: _Problems) -> Model
     elif not (root / path).exists():
         problems.add(where, f"key 'path': {path!r} not found in {root}")
     fmt = problems.take(section, "format", _choice(*MODEL_FORMATS), where)
+    found = infer_model_format(str(root / path)) if fmt is not None else None
+    if found is not None and found != fmt:  # refused here, before the wrong runtime is imported
+        problems.add(where, f"key 'format': {fmt!r} contradicts the path {path!r}, which is a {found} model")
     if fmt is None and "format" not in section:
         fmt = infer_model_format(str(root / path))
         if fmt is None:
@@ -540,8 +543,29 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.result_ttl = problems.take(raw, "result_ttl", _positive_number, where, api.result_ttl)
     if raw.get("batching") is not None:
         api.batching = _parse_batching(raw["batching"], where, problems)
+    _refuse_inapplicable(api, raw, where, problems)
     api.on_disconnect = problems.take(raw, "on_disconnect", _choice(*ON_DISCONNECT), where, api.on_disconnect)
     return api
+
+
+def _refuse_inapplicable(api: ApiConfig, raw: dict[str, Any], where: str, problems: _Problems) -> None:
+    """Keys that the API's kind would silently ignore: each is a problem saying where it applies."""
+    model_class = api.model is None and api.kind == "realtime"  # a Model class gets data_dir and secrets
+    model_file = api.model is not None and not (api.handler is not None and api.handler.class_name)
+    if "result_ttl" in raw and api.kind != "async":
+        problems.add(where, "key 'result_ttl' applies to async APIs only (how long a job's result is kept)")
+    if raw.get("batching") is not None and not (model_class or model_file):
+        served_by = "an async Handler class" if api.model is None else "a handler class with its model's client"
+        problems.add(where, f"key 'batching' applies to a Model class or a model file, not to {served_by}")
+    for key in ("data_dir", "secrets"):
+        if raw.get(key) is not None and not model_class:
+            problems.add(where, f"key '{key}' is given to a Model class's constructor; this API has none")
+    model = raw.get("model")
+    if api.model is not None and isinstance(model, dict):
+        only = {"signature_key": "tensorflow", "providers": "onnx"}
+        for key, fmt in only.items():
+            if key in model and api.model.format != fmt:
+                problems.add(f"{where}, model", f"key '{key}' applies to {fmt} models; this one is {api.model.format}")
 
 
 def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
@@ -691,6 +715,27 @@ def _truss_without_model_dir(path: Path) -> bool:
     return isinstance(data, dict) and ("model_module_dir" in data or "docker_server" in data)
 
 
+def yaml_error(path: str | Path, exc: yaml.YAMLError) -> ConfigError:
+    """A YAML syntax error as a `ConfigError` naming the file, the line and the column (PyYAML, given the
+    file's text, would name ``"<unicode string>"``)."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return ConfigError(f"{path} is not valid YAML: {exc}")
+    problem = getattr(exc, "problem", None) or "syntax error"
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and context_mark is not None and context_mark.line != mark.line:
+        problem += f" ({context} that started at line {context_mark.line + 1}, column {context_mark.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    snippet = mark.get_snippet()
+    if snippet is not None and not snippet.strip(" \n^"):  # the end of the file: nothing to show
+        snippet = None
+    return ConfigError(
+        f"{path}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}"
+        + (f"\n{snippet}" if snippet else "")
+    )
+
+
 def load_project_config(project_dir: str | Path) -> ProjectConfig:
     """Read a project folder: its modelserve.yaml, or a lone model.py with a class Model."""
     root = Path(project_dir).resolve()
@@ -701,7 +746,7 @@ def load_project_config(project_dir: str | Path) -> ProjectConfig:
         try:
             data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{config_path} is not valid YAML: {exc}") from None
+            raise yaml_error(config_path, exc) from None
         return parse_project(data, root, str(config_path))
     truss_config = root / "config.yaml"
     if truss_config.is_file() and ((root / "model").is_dir() or _truss_without_model_dir(truss_config)):

@@ -5,7 +5,8 @@ Before any user code is imported:
 * ``.env`` in the project folder is loaded into ``os.environ``; variables already set in the environment
   win (deployment settings override the file, as with docker and twelve-factor apps);
 * the project folder becomes the working directory, so ``open("values.json")`` finds the project's files,
-  and it is put first on ``sys.path`` so user files can import each other;
+  and it is put first on ``sys.path`` so user files can import each other (a relative project path given
+  later is still relative to the folder the program was in: `caller_dir`);
 * ``MODELSERVE_URL`` is set to the server's base URL when it is known;
 * import paths that other servers' user code expects (``cortex_internal.lib.log``) are appended to
   ``sys.path``, last, so that a real package of that name, when installed, is found first.
@@ -26,17 +27,31 @@ from dotenv import dotenv_values
 from modelserve.errors import LoadError
 
 _modules: dict[tuple[Path, str | None], ModuleType] = {}
+#: The working directory before `prepare_environment` first changed it, and the project folder it went to.
+_moved: tuple[str, str] | None = None
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SHIMS_DIR = _PACKAGE_DIR / "compat" / "_shims"
 
 
+def caller_dir() -> Path:
+    """The folder a relative project path is relative to: the working directory, or, while it is a project
+    folder that modelserve moved into, the one the program was in before."""
+    cwd = os.getcwd()
+    if _moved is not None and cwd == _moved[1]:
+        return Path(_moved[0])
+    return Path(cwd)
+
+
 def prepare_environment(root: Path, base_url: str | None = None) -> None:
+    global _moved
     env_file = root / ".env"
     if env_file.is_file():
         for key, value in dotenv_values(env_file).items():
             if value is not None and key not in os.environ:
                 os.environ[key] = value
+    before = str(caller_dir())
     os.chdir(root)
+    _moved = (before, os.getcwd())
     from modelserve.logs import add_user_code_dir
 
     add_user_code_dir(str(root))
@@ -112,6 +127,8 @@ def find_class(module: ModuleType, class_name: str, relative_path: str) -> type[
 
 def describe_error(exc: BaseException) -> str:
     """``ValueError: bad weights (model.py, line 12)``: the error and where in user code it happened."""
+    if isinstance(exc, SyntaxError) and exc.filename:  # the user's file and line, not importlib's frame
+        return f"{type(exc).__name__}: {exc.msg} ({Path(exc.filename).name}, line {exc.lineno})"
     frames = traceback.extract_tb(exc.__traceback__)
     where = ""
     for frame in reversed(frames):

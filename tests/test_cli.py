@@ -266,9 +266,10 @@ def test_exit_3_when_the_handler_fails_to_load(tmp_path: Path, source: str, expe
     result = run_cli(str(root), "--port", str(free_port()))
     assert result.returncode == 3, result.stderr
     assert "modelserve: error:" in result.stderr, result.stderr
-    message = result.stderr[result.stderr.rindex("modelserve: error:") :]
     for part in expected:
-        assert part in message, result.stderr
+        assert part in result.stderr, result.stderr
+    error_line = next(line for line in result.stderr.splitlines() if expected[-1] in line)
+    assert result.stderr.count(error_line.split(": ", 2)[-1]) == 1, result.stderr  # printed once, not twice
 
 
 # --------------------------------------------------------------------------------------------------

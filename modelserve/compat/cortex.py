@@ -34,6 +34,7 @@ from modelserve.config import (
     _Problems,
     escapes_project,
     outside_project,
+    yaml_error,
 )
 from modelserve.errors import ConfigError
 
@@ -83,7 +84,7 @@ def load_cortex_project(root: Path, path: Path) -> ProjectConfig:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        raise yaml_error(path, exc) from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not data:

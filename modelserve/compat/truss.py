@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, outside_project
+from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, outside_project, yaml_error
 from modelserve.errors import ConfigError
 
 logger = logging.getLogger("modelserve")
@@ -107,7 +107,7 @@ def read_truss_config(root: Path, relative_path: str = TRUSS_CONFIG) -> TrussSet
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the Truss config: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        raise yaml_error(path, exc) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

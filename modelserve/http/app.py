@@ -35,7 +35,7 @@ from modelserve.http.routing import Route, RouteTable, TableRoute
 from modelserve.http.streaming import quiet_aborts
 from modelserve.http.v2 import v2_routes
 from modelserve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from modelserve.project import prepare_environment
+from modelserve.project import caller_dir, prepare_environment
 from modelserve.server import LoadErrorCallback, ModelServer
 
 
@@ -203,7 +203,7 @@ def create_app(
     if (project_dir is None) == (handler is None):
         raise ConfigError("create_app needs a project folder or a handler class (one of the two)")
     if project_dir is not None:
-        project = load_project_config(os.fspath(project_dir))
+        project = load_project_config(caller_dir() / os.fspath(project_dir))
         prepare_environment(project.root, base_url)
     else:
         if base_url is not None:
