@@ -6,13 +6,15 @@ log off, one worker) on a free loopback port:
 * ``ms-async``: an echo Model whose ``predict`` is ``async``, served by ``python -m modelserve``;
 * ``bare-async``: a Starlette route that reads the body, parses it with orjson and answers it with orjson;
 * ``ms-sync``: the same echo Model with a sync ``predict`` (modelserve runs it in the thread pool);
-* ``bare-sync``: the same route calling the echo through ``run_in_threadpool``.
+* ``bare-sync``: the same route calling the echo through ``run_in_threadpool``;
+* with ``--guard``, ``ms-guard``: ms-async with an API key, CORS and the Host check on (issue 20); then every
+  server is sent the key (``X-API-Key``) and an allowed ``Origin``, and the bare routes ignore them.
 
 wrk posts a small JSON body (a lua script) at each concurrency, a few seconds per run, the servers taking
 turns; every cell is the median over the repeats. The ratio is modelserve's requests/s over the bare route's.
 The server's CPU time per request is measured too: on a shared machine it is steadier than requests/s.
 
-    python benchmarks/overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin]
+    python benchmarks/overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin] [--guard]
 
 ``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1, so
 that the load generator does not steal the server's core.
@@ -32,6 +34,9 @@ import httpx
 from _harness import Run, ServerProcess, measure, median_run, write_wrk_script, wrk
 
 BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
+KEY = "overhead-key-" + "0" * 32
+ORIGIN = "http://app.example"
+GUARD_HEADERS = {"X-API-Key": KEY, "Origin": ORIGIN}
 
 MS_ASYNC = """
 class Model:
@@ -53,6 +58,11 @@ apis:
     handler: {path: model.py}
     max_concurrency: 128
     max_queue_length: 1000
+"""
+
+GUARD_YAML = """
+auth: {api_keys_env: OVERHEAD_API_KEYS}
+cors: {allow_origins: ["http://app.example"]}
 """
 
 BARE = """
@@ -94,32 +104,47 @@ def uvicorn_settings() -> list[str]:
     return ["--http", "httptools", "--loop", loop, "--no-access-log", "--log-level", "warning"]
 
 
-def write_servers(root: Path) -> None:
-    for name, model in (("ms_async", MS_ASYNC), ("ms_sync", MS_SYNC)):
+def write_servers(root: Path, guard: bool) -> Path:
+    """The projects, the bare app and the wrk script (returned)."""
+    projects = [("ms_async", MS_ASYNC, ""), ("ms_sync", MS_SYNC, "")]
+    if guard:
+        projects.append(("ms_guard", MS_ASYNC, GUARD_YAML))
+    for name, model, extra in projects:
         project = root / name
         project.mkdir()
         (project / "model.py").write_text(textwrap.dedent(model).lstrip())
-        (project / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
+        (project / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip() + textwrap.dedent(extra).lstrip())
     (root / "bare.py").write_text(textwrap.dedent(BARE).lstrip())
-    write_wrk_script(root / "post.lua", BODY)
+    script = write_wrk_script(root / "post.lua", BODY)
+    if not guard:
+        return script
+    # The same request with the key and the Origin, for every server alike.
+    lines = [f'dofile("{script}")'] + [f'wrk.headers["{key}"] = "{value}"' for key, value in GUARD_HEADERS.items()]
+    guarded = root / "post-guard.lua"
+    guarded.write_text("\n".join(lines) + "\n")
+    return guarded
 
 
-def commands(root: Path) -> dict[str, list[str]]:
+def commands(root: Path, guard: bool) -> dict[str, list[str]]:
     settings = uvicorn_settings()
     modelserve = [sys.executable, "-m", "modelserve"]
     # modelserve's CLI runs uvicorn with its defaults (httptools and uvloop when installed, one worker).
     ms = ["--no-access-log", "--log-level", "warning"]
     bare = [sys.executable, "-m", "uvicorn", "--app-dir", str(root), *settings]
-    return {
+    servers = {
         "ms-async": [*modelserve, str(root / "ms_async"), *ms],
         "bare-async": [*bare, "bare:async_app"],
         "ms-sync": [*modelserve, str(root / "ms_sync"), *ms],
         "bare-sync": [*bare, "bare:sync_app"],
     }
+    if guard:
+        servers["ms-guard"] = [*modelserve, str(root / "ms_guard"), *ms]
+    return servers
 
 
 def answers_echo(url: str) -> bool:
-    answer = httpx.post(url + "/echo", content=BODY, headers={"content-type": "application/json"}, timeout=5)
+    headers = {"content-type": "application/json", **GUARD_HEADERS}
+    answer = httpx.post(url + "/echo", content=BODY, headers=headers, timeout=5)
     return answer.status_code == 200
 
 
@@ -133,6 +158,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is shown (default 3)")
     parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
+    parser.add_argument("--guard", action="store_true", help="add ms-guard: ms-async with API keys, CORS, Host check")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
@@ -143,9 +169,11 @@ def main() -> None:
     results: dict[tuple[str, int], list[Run]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_servers(root)
-        script = root / "post.lua"
-        servers = [ServerProcess(name, command, root, server_cpu) for name, command in commands(root).items()]
+        script = write_servers(root, args.guard)
+        os.environ["OVERHEAD_API_KEYS"] = KEY
+        servers = [
+            ServerProcess(name, command, root, server_cpu) for name, command in commands(root, args.guard).items()
+        ]
         try:
             for server in servers:
                 server.wait_ready(answers_echo)
@@ -173,6 +201,9 @@ def main() -> None:
             bare = median_run(results[(f"bare-{pair}", connections)])
             ratio = ms.rps / bare.rps
             print(f"{pair:<7}{connections:>5}  {'modelserve':<11}{row(ms)}{ratio:>7.2f}x")
+            if pair == "async" and args.guard:
+                guarded = median_run(results[("ms-guard", connections)])
+                print(f"{'':<7}{'':>5}  {'ms+guard':<11}{row(guarded)}{guarded.rps / bare.rps:>7.2f}x")
             print(f"{'':<7}{'':>5}  {'bare':<11}{row(bare)}")
 
 

@@ -165,14 +165,8 @@ class ApiKeys:
     def check(self, access: Access, authorization: bytes | None, api_key: bytes | None) -> Refusal | None:
         """None when a request with these headers may go on, else why not."""
         keys = self.api_keys if access is Access.API_KEY else self.metrics_keys
-        candidates = []
+        if api_key is not None and keys.matches(api_key.strip()):
+            return None
         if authorization is not None and authorization[:7].lower() == b"bearer ":
-            candidates.append(authorization[7:].strip())
-        if api_key is not None:
-            candidates.append(api_key.strip())
-        if not candidates:
-            return Refusal.MISSING
-        found = False
-        for candidate in candidates:
-            found |= keys.matches(candidate)
-        return None if found else Refusal.INVALID
+            return None if keys.matches(authorization[7:].strip()) else Refusal.INVALID
+        return Refusal.MISSING if api_key is None else Refusal.INVALID

@@ -98,7 +98,7 @@ class Cors:
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *extra]
+                message["headers"] = [*message.get("headers", ()), *extra]  # a new list: the sender may keep its own
             await send(message)
 
         return send_with_cors
