@@ -3,7 +3,8 @@
 The app's routes are one `RouteTable` built by `routes()`: the server's own (``/healthz``, ``/readyz``,
 ``/metrics``), the realtime APIs and the async APIs' job routes. While no middleware is added the app hands
 HTTP requests straight to the table (Starlette's error middleware and router would only add their cost, a
-tenth of a small model's request); with middleware, the table sits behind Starlette's usual stack.
+tenth of a small model's request); with middleware, the table sits behind Starlette's usual stack. Either
+way, API keys, CORS and the Host check (`modelserve.http.guard`) run in front of the table when configured.
 
 Constructing and loading the APIs starts on the app's first ASGI event, lifespan or request, so it works
 whether the app runs alone or is mounted inside another app (which does not forward lifespan events);
