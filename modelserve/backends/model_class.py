@@ -7,18 +7,32 @@ The constructor gets what Truss gives, by name (or all of it through ``**kwargs`
 from __future__ import annotations
 
 import inspect
+import logging
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio.to_thread
+from starlette.exceptions import HTTPException
 
 from modelserve.backends import Backend, resolve_class
-from modelserve.batching import Batcher
-from modelserve.errors import BadRequest, LoadError, StreamWithPostprocess
+from modelserve.batching import Batcher, Failed
+from modelserve.context import RequestContext, current
+from modelserve.errors import (
+    BadRequest,
+    BatchSizeMismatch,
+    HTTPError,
+    LoadError,
+    RequestCancelled,
+    StreamWithPostprocess,
+    UserCodeError,
+)
 from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
-from modelserve.pipeline import Pipeline, Stage, StageCall, adapt, run_in_thread
+from modelserve.pipeline import Pipeline, Stage, StageCall, StageTimer, adapt
 from modelserve.project import apply_api_environment, describe_error
 from modelserve.secrets import Secrets
+
+logger = logging.getLogger("modelserve")
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig
@@ -168,7 +182,7 @@ class ModelClassBackend(Backend):
             if spec is first and spec.input_model is not None:
                 call = _validating(call, spec.input_model)
             if spec.name == "predict" and self.api.batching is not None:
-                stages.append(Stage("predict", self._batched(spec.bind(instance), spec.is_async), True, shared=True))
+                stages.append(Stage("predict", adapt(spec.bind(instance), True, False), spec.is_async, shared=True))
                 continue
             if spec.name == "predict" and self.spec.stage("postprocess") is not None:
                 call = _refuse_streams(call, spec.is_async)
@@ -177,6 +191,8 @@ class ModelClassBackend(Backend):
                 stages.append(Stage(spec.name, _creating(call), True))
                 continue
             stages.append(Stage(spec.name, call, spec.is_async))
+        if self.api.batching is not None:
+            stages = self._batched(stages)
         return Pipeline(
             stages,
             needs_inputs=self.spec.needs_inputs,
@@ -184,30 +200,66 @@ class ModelClassBackend(Backend):
             timer=self.api_metrics.stage_timer,
         )
 
-    def _batched(self, predict: Any, is_async: bool) -> StageCall:
-        """predict behind a Batcher: it receives a list of inputs and returns a list of results."""
+    def _batched(self, stages: list[Stage]) -> list[Stage]:
+        """The stages with predict behind a `Batcher`: it receives a list of inputs and returns a list of results.
+
+        When every stage is plain sync code (the usual Model class), the whole call is one batched stage: the
+        batch's own thread runs each request's preprocess, then predict over the batch, then each request's
+        postprocess, so that a request costs the event loop no thread hop of its own (its own stages would cost
+        a hop each, and on 2 cores their GIL and loop turns took more than half of what batching saved; see
+        docs/batching.md). Otherwise (an async or generator stage) predict alone is batched and the other
+        stages run as in any API. Either way a sync predict runs on the API's `BatchThreads`, started at load.
+        """
         batching = self.api.batching
         assert batching is not None
+        index = next(i for i, stage in enumerate(stages) if stage.name == "predict")
+        predict = stages[index]
+        fold = not any(stage.is_async for stage in stages)
+        options: dict[str, Any] = {
+            "name": self.api.name,
+            "max_batch_size": batching.max_batch_size,
+            "max_wait_ms": batching.max_wait_ms,
+            "max_concurrency": self.api.max_concurrency,
+            "on_batch": self.api_metrics.batch,
+        }
+        if fold:
+            run = _BatchRun(
+                self.api.name, stages[:index], predict.call, stages[index + 1 :], self.api_metrics.stage_timer
+            )
+            self.batcher = Batcher(sync_call=run, **options)
+        elif predict.is_async:
+            call = predict.call
 
-        async def call_batch(items: list[Any]) -> list[Any]:
-            if is_async:
-                return await predict(items)
-            return await run_in_thread(predict, items, ctx=None)
+            async def call_batch(items: list[Any]) -> list[Any]:
+                return cast("list[Any]", await call(items, None))
 
-        self.batcher = Batcher(
-            call_batch,
-            name=self.api.name,
-            max_batch_size=batching.max_batch_size,
-            max_wait_ms=batching.max_wait_ms,
-            max_concurrency=self.api.max_concurrency,
-            on_batch=self.api_metrics.batch,
-        )
+            self.batcher = Batcher(call_batch, **options)
+        else:
+            call = predict.call
+            self.batcher = Batcher(sync_call=lambda items: call(items, None), **options)
+        if self.batcher.threads is not None:
+            self.batcher.threads.start()
         submit = self.batcher.submit
+
+        if fold:
+
+            async def run_folded(value: Any, request: Any) -> Any:
+                result = await submit((value, request, current.get()))
+                if type(result) is Failed:
+                    raise result.error
+                return result
+
+            return [Stage("predict", run_folded, True, shared=True)]
 
         async def batched(value: Any, request: Any) -> Any:
             return await submit(value)
 
-        return batched
+        return [*stages[:index], Stage("predict", batched, True, shared=True), *stages[index + 1 :]]
+
+    async def close(self) -> None:
+        batcher = getattr(self, "batcher", None)
+        if batcher is not None:
+            batcher.close()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -224,6 +276,81 @@ class ModelClassBackend(Backend):
             "load": self.spec.has_load,
             "secrets": sorted(self.api.secrets),
         }
+
+
+#: Raised by user code on purpose (an HTTP error, a cancellation): passed on as it is, as `Pipeline` does.
+_PASS_THROUGH: tuple[type[BaseException], ...] = (HTTPError, HTTPException, RequestCancelled)
+
+
+class _BatchRun:
+    """One batch of a Model class whose stages are all sync, run in the batch's thread: each request's
+    preprocess, predict over the batch, each request's postprocess.
+
+    A request's items are ``(inputs, request, context)``; its result is its answer, or a `Failed` holding the
+    exception its own stage raised (a failing preprocess or postprocess fails that request alone, a failing
+    predict the batch). Each request's stages run with its context current (log lines carry its request id,
+    `is_cancelled()` answers for it), and a request cancelled before its stages start skips them.
+    """
+
+    __slots__ = ("name", "before", "predict", "after", "timer")
+
+    def __init__(
+        self, name: str, before: list[Stage], predict: StageCall, after: list[Stage], timer: StageTimer | None
+    ) -> None:
+        self.name = name
+        self.before = tuple(before)
+        self.predict = predict
+        self.after = tuple(after)
+        self.timer = timer
+
+    def __call__(self, items: list[tuple[Any, Any, RequestContext | None]]) -> list[Any]:
+        results: list[Any] = [None] * len(items)
+        values, running = [], []
+        for index, (value, request, ctx) in enumerate(items):
+            value = self._stages(self.before, value, request, ctx)
+            if type(value) is Failed:
+                results[index] = value
+            else:
+                values.append(value)
+                running.append(index)
+        if not running:
+            return results
+        current.set(None)
+        predictions = self.predict(values, None)
+        if not isinstance(predictions, (list, tuple)) or len(predictions) != len(values):
+            got = type(predictions).__name__
+            if isinstance(predictions, (list, tuple)):
+                got = f"{len(predictions)} results"
+            error = BatchSizeMismatch(
+                f"api '{self.name}': the batched predict got a list of {len(values)} inputs and returned {got}; "
+                "it must return a list of the same length"
+            )
+            logger.error("%s", error)
+            raise error
+        for index, prediction in zip(running, predictions, strict=True):
+            _, request, ctx = items[index]
+            results[index] = self._stages(self.after, prediction, request, ctx) if self.after else prediction
+        current.set(None)
+        return results
+
+    def _stages(self, stages: tuple[Stage, ...], value: Any, request: Any, ctx: RequestContext | None) -> Any:
+        if not stages:
+            return value
+        current.set(ctx)
+        timer = self.timer
+        for stage in stages:
+            if ctx is not None and ctx.cancelled:
+                return Failed(RequestCancelled())
+            started = time.perf_counter()
+            try:
+                value = stage.call(value, request)
+            except _PASS_THROUGH as exc:
+                return Failed(exc)
+            except BaseException as exc:  # noqa: B036 - user code's SystemExit fails its request, not the server
+                return Failed(UserCodeError(stage.name, exc))
+            if timer is not None:
+                timer(stage.name, time.perf_counter() - started)
+        return value
 
 
 def _creating(call: StageCall) -> StageCall:
