@@ -3,6 +3,7 @@ the route table, the probes, both headers, wrong keys, /metrics's own key, per-A
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -246,10 +247,11 @@ def test_a_key_variable_that_is_not_set_stops_the_server_naming_it(tmp_path: Pat
     assert "TEST_API_KEYS" in server.log and "is not set" in server.log
 
 
-def test_the_command_line_key_variable(tmp_path: Path, start_server: Any) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_command_line_key_variable(tmp_path: Path, start_server: Any, workers: str) -> None:
     root = write_project(tmp_path / "project", {"model.py": MODEL})
-    server = start_server(root, "--api-key-env", "CLI_KEYS", env={"CLI_KEYS": KEY})
-    server.wait_ready()
+    server = start_server(root, "--api-key-env", "CLI_KEYS", "--workers", workers, env={"CLI_KEYS": KEY})
+    server.wait_ready(consecutive=10)
     assert httpx.post(f"{server.url}/model", json=1).status_code == 401
     assert httpx.post(f"{server.url}/model", json=1, headers={"x-api-key": KEY}).json() == 1
     assert httpx.get(f"{server.url}/metrics", headers={"x-api-key": KEY}).status_code == 200
@@ -313,6 +315,30 @@ def test_a_route_of_a_protected_api_that_nobody_classified_needs_a_key() -> None
     assert keys.access_of(None, "/anything") is Access.API_KEY
     assert keys.access_of(None, "/v2/health/live") is Access.OPEN
     assert keys.access_of(None, "/metrics") is Access.METRICS
+
+
+def test_user_middleware_does_not_bypass_the_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from starlette.middleware.gzip import GZipMiddleware
+
+    monkeypatch.chdir(os.getcwd())
+    monkeypatch.setenv("MODELSERVE_URL", "unset")
+    monkeypatch.delenv("MODELSERVE_URL")
+    monkeypatch.setenv("SOME_KEYS", KEY)
+    app = modelserve.create_app(write_project(tmp_path, {"model.py": MODEL}), api_key_env="SOME_KEYS")
+    app.add_middleware(GZipMiddleware)
+
+    async def scenario() -> list[int]:
+        await app.server.wait_loaded()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            statuses = [
+                (await client.post("/model", json=1, headers=headers)).status_code
+                for headers in ({}, {"x-api-key": KEY})
+            ]
+        await app.server.close()
+        return statuses
+
+    assert asyncio.run(scenario()) == [401, 200]
 
 
 def test_key_sets_compare_every_key() -> None:
