@@ -11,12 +11,13 @@ import inspect
 import sys
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
 
 from modelserve.errors import LoadError
+from modelserve.schema import TypedValue, chunk_type, typed_value
 
 STAGES = ("preprocess", "predict", "postprocess")
 
@@ -33,8 +34,14 @@ class StageSpec:
     is_async: bool
     #: "sync" or "async" for a generator function (streaming), else None.
     generator: str | None = None
-    #: A pydantic model class the inputs are annotated with: the decoded body is validated into it.
-    input_model: type | None = None
+    #: The annotations of the inputs and of the result, resolved (``inspect.Parameter.empty`` when absent).
+    input_annotation: Any = inspect.Parameter.empty
+    return_annotation: Any = inspect.Parameter.empty
+    #: The type the decoded body is validated into (`modelserve.schema`): set on the first stage taking the
+    #: inputs when its inputs are annotated.
+    input_type: TypedValue | None = None
+    #: The type of the answer (of each chunk, for a generator): set on the last stage when it is annotated.
+    output_type: TypedValue | None = None
 
     def bind(self, instance: Any) -> Callable[..., Any]:
         return getattr(instance, self.name)
@@ -57,6 +64,17 @@ class ModelSpec:
     @property
     def needs_request(self) -> bool:
         return any(stage.takes_request for stage in self.stages)
+
+    @property
+    def input_type(self) -> TypedValue | None:
+        """The type the body is validated into, when the first stage taking the inputs annotates them."""
+        first = next((stage for stage in self.stages if stage.takes_inputs), None)
+        return first.input_type if first is not None else None
+
+    @property
+    def output_type(self) -> TypedValue | None:
+        """The type of the answer (of each chunk of a stream), when the last stage annotates its result."""
+        return self.stages[-1].output_type if self.stages else None
 
     def stage(self, name: str) -> StageSpec | None:
         for stage in self.stages:
@@ -88,9 +106,12 @@ def _positional_params(fn: Any, drop_self: bool) -> list[inspect.Parameter]:
 
 
 def _resolve_annotation(fn: Any, param: inspect.Parameter, hints: dict[str, Any]) -> Any:
-    if param.name in hints:
-        return hints[param.name]
-    annotation = param.annotation
+    return _resolve(fn, param.name, param.annotation, hints)
+
+
+def _resolve(fn: Any, name: str, annotation: Any, hints: dict[str, Any]) -> Any:
+    if name in hints:
+        return hints[name]
     if isinstance(annotation, str):
         module = sys.modules.get(getattr(fn, "__module__", "") or "")
         namespace = dict(vars(module)) if module is not None else {}
@@ -114,7 +135,7 @@ def is_request_annotation(annotation: Any) -> bool:
 
 def _type_hints(fn: Any) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=True)  # keep Annotated[int, Field(ge=0)]
     except Exception:
         # One unresolvable annotation makes get_type_hints give up; resolve parameter by parameter.
         return {}
@@ -160,24 +181,42 @@ def inspect_stage(cls: type, name: str, problems: list[str]) -> StageSpec | None
     takes_request = is_request[-1]
     takes_inputs = not is_request[0]
     generator = "async" if inspect.isasyncgenfunction(fn) else "sync" if inspect.isgeneratorfunction(fn) else None
-    input_model = _pydantic_model(_resolve_annotation(fn, params[0], hints)) if takes_inputs else None
+    returns = _resolve(fn, "return", inspect.signature(fn).return_annotation, hints)
     return StageSpec(
         name=name,
         takes_inputs=takes_inputs,
         takes_request=takes_request,
         is_async=inspect.iscoroutinefunction(fn),
         generator=generator,
-        input_model=input_model,
+        input_annotation=_resolve_annotation(fn, params[0], hints) if takes_inputs else inspect.Parameter.empty,
+        return_annotation=returns,
     )
 
 
-def _pydantic_model(annotation: Any) -> type | None:
-    """The annotation when it is a pydantic model class (pydantic is not imported: a model exists only if
-    the user's module imported it)."""
-    pydantic = sys.modules.get("pydantic")
-    if pydantic is not None and isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
-        return annotation
-    return None
+def _with_types(cls: type, stages: list[StageSpec], problems: list[str]) -> list[StageSpec]:
+    """The stages with the types of the body (first stage taking the inputs) and of the answer (last stage)."""
+    typed = list(stages)
+    first = next((i for i, stage in enumerate(typed) if stage.takes_inputs), None)
+    if first is not None:
+        stage = typed[first]
+        where = describe_callable(getattr(cls, stage.name), f"{cls.__name__}.{stage.name}")
+        typed[first] = replace(stage, input_type=typed_value(stage.input_annotation, where, problems))
+    if typed:
+        stage = typed[-1]
+        returns = stage.return_annotation
+        if stage.generator is not None:
+            returns = chunk_type(returns)
+        if _is_response(returns):
+            returns = Any  # a Starlette Response answers for itself
+        where = describe_callable(getattr(cls, stage.name), f"{cls.__name__}.{stage.name}") + " (its result)"
+        typed[-1] = replace(stage, output_type=typed_value(returns, where, problems))
+    return typed
+
+
+def _is_response(annotation: Any) -> bool:
+    from starlette.responses import Response
+
+    return isinstance(annotation, type) and issubclass(annotation, Response)
 
 
 def inspect_model_class(cls: type, source: str = "") -> ModelSpec:
@@ -219,6 +258,8 @@ def inspect_model_class(cls: type, source: str = "") -> ModelSpec:
     load = getattr(cls, "load", None)
     if load is not None and not callable(load):
         problems.append(f"{cls.__name__}.load is not a method")
+    if not problems:
+        stages = _with_types(cls, stages, problems)
     if problems:
         listing = "\n  - ".join(problems)
         raise LoadError(f"{where}class {cls.__name__} cannot be served:\n  - {listing}")

@@ -19,7 +19,6 @@ from modelserve.backends import Backend, resolve_class
 from modelserve.batching import Batcher, Failed
 from modelserve.context import RequestContext, current
 from modelserve.errors import (
-    BadRequest,
     BatchSizeMismatch,
     HTTPError,
     LoadError,
@@ -30,6 +29,7 @@ from modelserve.errors import (
 from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
 from modelserve.pipeline import Pipeline, Stage, StageCall, StageTimer, adapt
 from modelserve.project import apply_api_environment, describe_error
+from modelserve.schema import TypedValue
 from modelserve.secrets import Secrets
 
 logger = logging.getLogger("modelserve")
@@ -179,8 +179,8 @@ class ModelClassBackend(Backend):
         first = next((spec for spec in self.spec.stages if spec.takes_inputs), None)
         for spec in self.spec.stages:
             call = adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request)
-            if spec is first and spec.input_model is not None:
-                call = _validating(call, spec.input_model)
+            if spec is first and spec.input_type is not None:
+                call = _validating(call, spec.input_type)
             if spec.name == "predict" and self.api.batching is not None:
                 stages.append(Stage("predict", adapt(spec.bind(instance), True, False), spec.is_async, shared=True))
                 continue
@@ -363,26 +363,8 @@ def _creating(call: StageCall) -> StageCall:
     return create
 
 
-def _validating(call: StageCall, model: Any) -> StageCall:
-    """The decoded body validated into the pydantic model the inputs are annotated with (a 400 if it does
-    not fit), as Truss does."""
-
-    def validate(value: Any) -> Any:
-        if isinstance(value, model):
-            return value
-        try:
-            if isinstance(value, (str, bytes)):
-                parse = getattr(model, "model_validate_json", None) or model.parse_raw
-            else:
-                parse = getattr(model, "model_validate", None) or model.parse_obj
-            return parse(value)
-        except Exception as exc:
-            if type(exc).__name__ != "ValidationError":
-                raise
-            details = "; ".join(
-                f"{'.'.join(str(part) for part in error.get('loc', ())) or 'body'}: {error.get('msg')}"
-                for error in exc.errors()  # type: ignore[attr-defined]
-            )
-            raise BadRequest(f"the inputs do not match {model.__name__}: {details}") from None
-
+def _validating(call: StageCall, typed: TypedValue) -> StageCall:
+    """The decoded body validated into the type the inputs are annotated with (a 400 naming each failing
+    field if it does not fit), as Truss does for pydantic models."""
+    validate = typed.validate
     return lambda value, request: call(validate(value), request)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,7 @@ from modelserve.introspect import describe_callable
 from modelserve.pipeline import Pipeline, Stage
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
+from modelserve.schema import TypedValue, typed_value
 from modelserve.v2 import V2Inputs, V2Outputs
 
 if TYPE_CHECKING:
@@ -68,6 +70,39 @@ def find_hooks(source: Any, label: str) -> dict[str, Any]:
     return hooks
 
 
+def hook_types(hooks: dict[str, Any], label: str) -> tuple[TypedValue | None, TypedValue | None]:
+    """The types of pre_inference's first parameter and of post_inference's result, when annotated."""
+    problems: list[str] = []
+    types: list[TypedValue | None] = []
+    for name, which in (("pre_inference", 0), ("post_inference", "return")):
+        hook = hooks.get(name)
+        annotation: Any = None
+        if hook is not None:
+            try:
+                hints = typing.get_type_hints(hook, include_extras=True)
+                params = list(inspect.signature(hook).parameters)
+            except Exception:
+                hints, params = {}, []
+            key = "return" if which == "return" else (params[0] if params else "")
+            annotation = hints.get(key, inspect.Parameter.empty)
+        where = describe_callable(hook, name) if hook is not None else name
+        types.append(typed_value(annotation, where, problems) if hook is not None else None)
+    if problems:
+        raise LoadError(f"{label}: " + "; ".join(problems))
+    return types[0], types[1]
+
+
+def _validating_hook(hook: Any, validate: Callable[[Any], Any]) -> Any:
+    """pre_inference receiving the body validated into the type its first parameter is annotated with."""
+    if inspect.iscoroutinefunction(hook):
+
+        async def validated_async(sample: Any, signature: Any, metadata: Any) -> Any:
+            return await hook(validate(sample), signature, metadata)
+
+        return validated_async
+    return lambda sample, signature, metadata: hook(validate(sample), signature, metadata)
+
+
 def refuse_class_without_hooks(source: Any, label: str) -> None:
     """A handler file that defines a class but no hook is a Cortex handler class given where hooks were
     expected: serving the model without it would silently ignore the user's code."""
@@ -94,6 +129,9 @@ class ModelFileBackend(Backend):
     kind = "model_file"
     #: With `batching` configured: concurrent requests' feeds share model calls.
     batcher: TensorBatcher | None = None
+    #: The types the hooks annotate (`modelserve.schema`): the body is validated into pre_inference's.
+    input_type: TypedValue | None = None
+    output_type: TypedValue | None = None
 
     def __init__(
         self,
@@ -130,6 +168,7 @@ class ModelFileBackend(Backend):
             self.hooks = find_hooks(source, f"{self.label}: {self.hooks_label}")
             if not self.hooks:
                 refuse_class_without_hooks(source, f"{self.label}: {self.hooks_label}")
+            self.input_type, self.output_type = hook_types(self.hooks, f"{self.label}: {self.hooks_label}")
         threshold = self.config.inline_threshold_ms / 1000
         self.adaptive = {
             name: Adaptive(name, threshold, self.label) for name in ("pre_inference", "run", "post_inference")
@@ -174,6 +213,8 @@ class ModelFileBackend(Backend):
         stages = []
         pre = self.hooks.get("pre_inference")
         if pre is not None:
+            if self.input_type is not None:
+                pre = _validating_hook(pre, self.input_type.validate)
             stages.append(Stage("pre_inference", self._hook_stage(pre, "pre_inference", self._pre_signature()), True))
         stages.append(Stage("run", self._run_stage(with_post="post_inference" in self.hooks), True, shared=True))
         post = self.hooks.get("post_inference")
