@@ -60,6 +60,12 @@ async def run_sync(fn: Callable[..., Any], *args: Any, abandon_on_cancel: bool =
         return result
 
 
+def submit(fn: Callable[..., Any], *args: Any) -> None:
+    """Start ``fn(*args)`` in a worker thread, in the thread's own context; nobody waits for it (`fn` hands
+    its outcome over itself, as the limiter's turns do)."""
+    _pool().submit(fn, *args)
+
+
 def shutdown() -> None:
     """Let the idle threads exit (a new call starts a new pool)."""
     global _executor

@@ -10,7 +10,9 @@ decoded inputs and a request context, and either returns the result or raises a 
    cancelled and raises `GatewayTimeout`; when the caller's `cancelled` awaitable completes (an HTTP client
    disconnects, a job is deleted) it is cancelled and raises `ClientDisconnected`;
 4. gives the slot back, unless a sync stage still runs in its thread: then the thread gives it back when the
-   user code returns, so that ``max_concurrency`` bounds user code and not only requests.
+   user code returns, so that ``max_concurrency`` bounds user code and not only requests. When every stage
+   is sync, the call's work waits in the limiter's line and the worker thread gives the slot back itself,
+   handing it to the next waiting work in the same thread (`Limiter.run`).
 
 A generator result comes back as a `Stream` that keeps the slot and the watch until the transport closes it.
 A cancellation that comes from outside (the server's shutdown) is not absorbed: `asyncio.CancelledError`
@@ -130,11 +132,19 @@ class Api:
             raise self.not_ready()
         watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout, self.notify)
         acquired = streaming = False
+        pipeline = self.backend.pipeline
+        work = pipeline.work
         try:
-            await limiter.acquire(admitted)
-            acquired = True
-            ctx.release_slot = limiter.release
-            result = await self.backend.pipeline.run(value, request, ctx)
+            if work is not None:
+                # Sync stages only: the work waits in the line itself, and the thread that runs it gives the
+                # slot back (to the next waiting work, in the same thread) unless it kept it for a stream.
+                ctx.release_slot = limiter.release
+                result, acquired = await limiter.run(work(value, request, ctx), admitted)
+            else:
+                await limiter.acquire(admitted)
+                acquired = True
+                ctx.release_slot = limiter.release
+                result = await pipeline.run(value, request, ctx)
             if watch.fired():  # on_disconnect: notify, and the user's code returned after it was told
                 raise self.cancelled(ctx)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
@@ -155,7 +165,8 @@ class Api:
         finally:
             if not streaming:
                 watch.disarm()
-                if acquired and ctx.leave():
+                # leave() also when the slot is not ours: work a thread has not started yet will not start
+                if ctx.leave() and acquired:
                     limiter.release()
 
     def cancelled(self, ctx: RequestContext) -> GatewayTimeout | ClientDisconnected:

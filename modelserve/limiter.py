@@ -3,23 +3,53 @@
 A transport that must read a body before it can call admits the request first (`admit`): a request that
 could not wait in the line, or whose body would take the bytes held by waiting requests past
 `max_queued_bytes`, is refused before a byte of its body is read. An admitted request keeps its place (and
-its bytes) while its body is read and decoded, and hands both over in `acquire`.
+its bytes) while its body is read and decoded, and hands both over in `acquire` (or `run`).
+
+A call whose work is all sync user code waits with `run`: its work waits in the line itself, and a worker
+thread that finishes a call starts the next waiting one at once, in the same thread, without a turn of the
+event loop. Under overload a loop turn is long (every connection that is ready gets its turn, every refusal
+costs loop time): with 150 keep-alive clients flooding a 50 ms API, handing the slot over through the loop
+(the result comes back to the loop, the slot is released there, the next waiter wakes a turn later and only
+then hops to a thread) cost 15-25 ms per call, a third of the API's capacity (`benchmarks/overload.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import threading
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
+from modelserve import _threads
 from modelserve.errors import QueueFull
+
+#: The work of a `run` call: runs in a worker thread holding the slot; returns (result, keep), keep True
+#: when the caller keeps the slot (a generator result: the stream gives it back) instead of the thread.
+Work = Callable[[], "tuple[Any, bool]"]
+
+
+class _Turn:
+    """A `run` call's place in the line: its work, run by whichever thread hands it the slot."""
+
+    __slots__ = ("work", "size", "context", "future", "loop")
+
+    def __init__(self, work: Work, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.work = work
+        #: The body bytes it holds while it waits (counted in `Limiter.queued_bytes`).
+        self.size = size
+        self.context = contextvars.copy_context()
+        self.loop = loop
+        self.future: asyncio.Future[tuple[Any, bool]] = loop.create_future()
 
 
 class Limiter:
-    """A FIFO semaphore with a bounded waiting line.
+    """A FIFO semaphore with a bounded waiting line, shared by the event loop and the worker threads.
 
     The fast path (a free slot, nobody waiting) neither allocates nor suspends. A released slot is handed
-    straight to the oldest waiter, so that a newcomer cannot overtake the queue.
+    straight to the oldest waiter, so that a newcomer cannot overtake the queue. The counters and the line
+    are guarded by a lock held for a few instructions, because a worker thread hands its slot over itself.
     """
 
     __slots__ = (
@@ -30,6 +60,7 @@ class Limiter:
         "admitted",
         "queued_bytes",
         "_waiters",
+        "_lock",
         "rejected",
         "on_release",
     )
@@ -45,8 +76,11 @@ class Limiter:
         #: Body bytes of the admitted requests that do not run yet.
         self.queued_bytes = 0
         self.rejected = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        #: Called when a slot becomes free (not when it is handed to a waiter): the jobs worker claims then.
+        #: Waiting calls, oldest first: a future (`acquire`) or a `_Turn` (`run`).
+        self._waiters: deque[asyncio.Future[None] | _Turn] = deque()
+        self._lock = threading.Lock()
+        #: Called on the event loop when a slot becomes free (not when it is handed to a waiter): the jobs
+        #: worker claims then.
         self.on_release: Callable[[], None] | None = None
 
     @property
@@ -56,67 +90,166 @@ class Limiter:
     def admit(self, size: int = 0) -> None:
         """Take a place in the line for a request whose body of `size` bytes is still to be read (0 when not
         known yet); `QueueFull` when it could not wait. Follow with `acquire(size)`, or `unadmit(size)`."""
-        if self.running + len(self._waiters) + self.admitted >= self.max_concurrency + self.max_queue_length:
-            self.rejected += 1
-            raise QueueFull()
-        # One request alone is always admitted (max_body_size bounds it); beside others, the bytes are bounded.
-        bound = self.max_queued_bytes
-        if bound is not None and self.queued_bytes and self.queued_bytes + size > bound:
-            self.rejected += 1
-            raise QueueFull(
-                f"the requests waiting for this API hold too many bytes (max_queued_bytes {self.max_queued_bytes});"
-                " retry later"
-            )
-        self.admitted += 1
-        self.queued_bytes += size
+        with self._lock:
+            if self.running + len(self._waiters) + self.admitted >= self.max_concurrency + self.max_queue_length:
+                self.rejected += 1
+                raise QueueFull()
+            # One request alone is always admitted (max_body_size bounds it); beside others, the bytes are bounded.
+            bound = self.max_queued_bytes
+            if bound is not None and self.queued_bytes and self.queued_bytes + size > bound:
+                self.rejected += 1
+                raise QueueFull(
+                    "the requests waiting for this API hold too many bytes"
+                    f" (max_queued_bytes {self.max_queued_bytes}); retry later"
+                )
+            self.admitted += 1
+            self.queued_bytes += size
 
     def unadmit(self, size: int = 0) -> None:
         """An admitted request leaves before `acquire` (its body was refused, or its client left)."""
-        self.admitted -= 1
-        self.queued_bytes -= size
+        with self._lock:
+            self.admitted -= 1
+            self.queued_bytes -= size
 
     def try_acquire(self) -> bool:
-        if self.running < self.max_concurrency and not self._waiters:
-            self.running += 1
-            return True
-        return False
+        with self._lock:
+            if self.running < self.max_concurrency and not self._waiters:
+                self.running += 1
+                return True
+            return False
 
-    async def acquire(self, admitted: int | None = None) -> None:
-        """Wait for a slot. `admitted` is the size given to `admit` (None for a request never admitted, which
-        is refused with `QueueFull` when the line is full)."""
+    def _enter(self, admitted: int | None) -> bool:
+        """Under the lock: True when the caller takes a free slot now; `QueueFull` when it may not wait."""
         if admitted is not None:
             self.admitted -= 1
         if self.running < self.max_concurrency and not self._waiters:
             self.running += 1
             if admitted:
                 self.queued_bytes -= admitted
-            return
+            return True
         if admitted is None and len(self._waiters) >= self.max_queue_length:
             self.rejected += 1
             raise QueueFull()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+        return False
+
+    async def acquire(self, admitted: int | None = None) -> None:
+        """Wait for a slot. `admitted` is the size given to `admit` (None for a request never admitted, which
+        is refused with `QueueFull` when the line is full)."""
+        with self._lock:
+            if self._enter(admitted):
+                return
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(future)
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release()  # the slot was handed to us just as we were cancelled: pass it on
             else:
-                try:
-                    self._waiters.remove(future)
-                except ValueError:
-                    pass  # release() already dropped it: it skips cancelled waiters
+                self._drop(future)  # still waiting; or a thread is handing it over, and `_hand` passes it on
             raise
         finally:
             if admitted:
-                self.queued_bytes -= admitted
+                with self._lock:
+                    self.queued_bytes -= admitted
+
+    async def run(self, work: Work, admitted: int | None = None) -> tuple[Any, bool]:
+        """Run `work` in a worker thread once a slot is free, and return what it returned.
+
+        The thread gives the slot back as soon as `work` has returned (unless it said to keep it: then the
+        caller releases it), and runs the next waiting `run` call's work at once. When the caller is cancelled
+        it stops waiting; work that had started runs on and keeps its slot until it returns.
+        """
+        loop = asyncio.get_running_loop()
+        turn = _Turn(work, admitted or 0, loop)
+        with self._lock:
+            now = self._enter(admitted)
+            if not now:
+                self._waiters.append(turn)
+        if now:
+            _threads.submit(self._run_turns, turn)
+        try:
+            return await turn.future
+        except asyncio.CancelledError:
+            future = turn.future
+            if future.done() and not future.cancelled():
+                if future.exception() is None and future.result()[1]:
+                    self.release()  # the work kept the slot for us just as we were cancelled
+            else:
+                self._drop(turn)  # when a thread took it, the thread gives the slot back after the work
+            raise
+
+    def _drop(self, waiter: asyncio.Future[None] | _Turn) -> None:
+        with self._lock:
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:
+                return
+            if isinstance(waiter, _Turn):
+                self.queued_bytes -= waiter.size
+
+    def _run_turns(self, turn: _Turn | None) -> None:
+        """In a worker thread holding a slot: run `turn`'s work, then the work the slot is handed to next."""
+        while turn is not None:
+            ok, keep = True, False
+            value: Any
+            try:
+                value = turn.context.run(turn.work)
+                keep = value[1]
+            except BaseException as exc:  # noqa: B036 - the caller re-raises it
+                ok, value = False, exc
+            loop, future = turn.loop, turn.future
+            # The slot is given back before the caller learns the outcome: a call that returned has its slot back.
+            turn = None if keep else self._next(loop)
+            loop.call_soon_threadsafe(self._deliver, future, ok, value)
+
+    def _deliver(self, future: asyncio.Future[tuple[Any, bool]], ok: bool, value: Any) -> None:
+        """On the loop: a `run` call's outcome to its caller."""
+        if not future.done():
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        elif ok and value[1]:
+            self.release()  # the caller left before it could take the slot its work kept
+
+    def _next(self, loop: asyncio.AbstractEventLoop) -> _Turn | None:
+        """Give a slot back from a worker thread: the next `run` call's turn to run in this thread, if any."""
+        with self._lock:
+            if self._waiters:
+                waiter = self._waiters.popleft()
+                if isinstance(waiter, _Turn):
+                    self.queued_bytes -= waiter.size
+                    return waiter
+                loop.call_soon_threadsafe(self._hand, waiter)
+                return None
+            self.running -= 1
+        if self.on_release is not None:
+            loop.call_soon_threadsafe(self.on_release)
+        return None
+
+    def _hand(self, future: asyncio.Future[None]) -> None:
+        """On the loop: give a slot a thread released to `future`'s waiter, or on if it has left."""
+        if future.done():
+            self.release()
+        else:
+            future.set_result(None)
 
     def release(self) -> None:
-        while self._waiters:
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return
-        self.running -= 1
-        if self.on_release is not None:
+        """Give a slot back (on the event loop)."""
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if isinstance(waiter, _Turn):
+                    self.queued_bytes -= waiter.size
+                    break
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+            else:
+                self.running -= 1
+                waiter = None
+        if waiter is not None:
+            _threads.submit(self._run_turns, waiter)
+        elif self.on_release is not None:
             self.on_release()

@@ -9,6 +9,7 @@ request never starts its next stage.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from modelserve.errors import HTTPError, RequestCancelled, UserCodeError
 StageCall = Callable[[Any, Any], Any]
 #: A compiled step: ``await step(value, request, ctx)``.
 Step = Callable[[Any, Any, "RequestContext | None"], Awaitable[Any]]
+#: ``work(value, request, ctx)``: a function for a worker thread that runs the call and returns (result, keep).
+ThreadWork = Callable[[Any, Any, RequestContext], Callable[[], "tuple[Any, bool]"]]
 #: Receives (stage name, seconds) after each stage; metrics plug in here.
 StageTimer = Callable[[str, float], None]
 
@@ -101,10 +104,20 @@ class Pipeline:
         self.timer = timer
         #: At most this many calls of each stage that is not `shared` run at once (None: no limit of its own).
         self.stage_limit = stage_limit
+        self._work: ThreadWork | None = None
         self._steps = self._compile()
         #: ``await run(value, request, ctx)`` runs every stage in order, feeding each one's result to the next
         #: (a lone step is called directly: one coroutine less on every request).
         self.run: Step = self._steps[0] if len(self._steps) == 1 else self._run_steps
+        self._compiled_run = self.run
+
+    @property
+    def work(self) -> ThreadWork | None:
+        """For stages that are all sync (and no `stage_limit`): ``work(value, request, ctx)`` is the whole call
+        as one function for a worker thread, which `Api.call` gives to `Limiter.run` (a thread that finishes a
+        call starts the next waiting one itself). None otherwise, or when ``run`` was replaced (it stays the
+        reference): then ``run`` after ``Limiter.acquire``."""
+        return self._work if self.run is self._compiled_run else None
 
     def limited(self, stage_limit: int) -> Pipeline:
         """The same stages, with at most `stage_limit` calls of each unshared stage at once.
@@ -134,6 +147,8 @@ class Pipeline:
                 group.append(stage)
         if group:
             steps.append(self._limit(self._sync_step(tuple(group))))
+            if len(group) == len(self.stages) and self.stage_limit is None:
+                self._work = self._thread_work(self._group_runner(tuple(group)))
         return steps
 
     def _limit(self, step: Step) -> Step:
@@ -181,7 +196,7 @@ class Pipeline:
 
         return step
 
-    def _sync_step(self, group: tuple[Stage, ...]) -> Step:
+    def _group_runner(self, group: tuple[Stage, ...]) -> Callable[[Any, Any, RequestContext | None], Any]:
         timer = self.timer
 
         def run_group(value: Any, request: Any, ctx: RequestContext | None) -> Any:
@@ -199,12 +214,34 @@ class Pipeline:
                     timer(stage.name, time.perf_counter() - started)
             return value
 
+        return run_group
+
+    def _sync_step(self, group: tuple[Stage, ...]) -> Step:
+        run_group = self._group_runner(group)
+
         async def step(value: Any, request: Any, ctx: RequestContext | None) -> Any:
             if ctx is not None and ctx.cancelled:
                 raise RequestCancelled()
             return await run_in_thread(run_group, value, request, ctx, ctx=ctx)
 
         return step
+
+    @staticmethod
+    def _thread_work(run_group: Callable[[Any, Any, RequestContext | None], Any]) -> ThreadWork:
+        def work(value: Any, request: Any, ctx: RequestContext) -> Callable[[], tuple[Any, bool]]:
+            def call() -> tuple[Any, bool]:
+                if not ctx.enter_thread():
+                    raise RequestCancelled()
+                try:
+                    result = run_group(value, request, ctx)
+                finally:
+                    ctx.exit_thread()
+                # A generator's slot stays with the request: its stream gives it back when closed.
+                return result, inspect.isgenerator(result) or inspect.isasyncgen(result)
+
+            return call
+
+        return work
 
     async def _run_steps(self, value: Any, request: Any, ctx: RequestContext | None) -> Any:
         for step in self._steps:
