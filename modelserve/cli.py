@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_GRACE,
         help=f"seconds in-flight requests get to finish after SIGTERM (default: {DEFAULT_GRACE:g})",
     )
+    parser.add_argument(
+        "--no-docs", dest="docs", action="store_false", help="do not serve /docs (the OpenAPI document's page)"
+    )
     parser.add_argument("--jobs-store", default=None, help=f"override the jobs store: {STORE_CHOICES}")
     parser.add_argument(
         "--secrets-dir",
@@ -171,6 +174,7 @@ def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         "host": args.host,
         "api_key_env": args.api_key_env,
         "cors_origins": args.cors_origin,
+        "docs": args.docs,
     }
 
 
@@ -186,6 +190,7 @@ def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
         host=settings["host"],
         api_key_env=settings["api_key_env"],
         cors_origins=settings["cors_origins"],
+        docs=settings.get("docs", True),
     )
     app.server.graceful_timeout = settings["graceful_timeout"]
     return app

@@ -22,7 +22,7 @@ CONFIG_FILE = "modelserve.yaml"
 DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
 DEFAULT_MAX_QUEUED_BYTES = 256 * 1024 * 1024
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
-RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics", "v2"})
+RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics", "v2", "openapi.json", "openapi", "docs"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_FORMATS = ("onnx", "tensorflow")
 ON_DISCONNECT = ("cancel", "notify")
@@ -110,6 +110,8 @@ class ApiConfig:
     python_path: list[str] = field(default_factory=list)
     #: Set for Cortex handlers (cortex.yaml projects, or `model:` with `handler.class`).
     cortex: CortexConfig | None = None
+    #: What the API does, for its OpenAPI document (None: the class's docstring).
+    description: str | None = None
 
 
 @dataclass
@@ -164,6 +166,8 @@ class ProjectConfig:
     cors: CorsConfig | None = None
     #: The ``Host`` values answered (``allowed_hosts:``, ``*.example.com`` wildcards); None: decided by the bind.
     allowed_hosts: list[str] | None = None
+    #: Whether ``/docs`` serves the interactive page of the OpenAPI document (``docs: false``, ``--no-docs``).
+    docs: bool = True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,6 +347,7 @@ _API_KEYS = {
     "data_dir",
     "secrets",
     "truss",
+    "description",
 }
 _HANDLER_KEYS = {"path", "class", "config"}
 _MODEL_KEYS = {
@@ -366,7 +371,7 @@ _CORS_KEYS = {
     "allow_private_network",
     "max_age",
 }
-_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts"}
+_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts", "docs"}
 
 
 def infer_model_format(path: str) -> str | None:
@@ -545,6 +550,7 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
         api.batching = _parse_batching(raw["batching"], where, problems)
     _refuse_inapplicable(api, raw, where, problems)
     api.on_disconnect = problems.take(raw, "on_disconnect", _choice(*ON_DISCONNECT), where, api.on_disconnect)
+    api.description = problems.take(raw, "description", _string, where)
     return api
 
 
@@ -648,6 +654,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
     auth: AuthConfig | None = None
     cors: CorsConfig | None = None
     allowed_hosts: list[str] | None = None
+    docs = True
     if isinstance(data, list):
         raw_apis: Any = data
     elif isinstance(data, dict):
@@ -661,6 +668,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
         if data.get("cors") is not None:
             cors = _parse_cors(data["cors"], problems)
         allowed_hosts = problems.take(data, "allowed_hosts", _host_patterns, "top level")
+        docs = problems.take(data, "docs", _bool, "top level", docs)
     else:
         raise ConfigError(f"{source} is not valid: expected a mapping with 'apis:' or a list of APIs")
     if not isinstance(raw_apis, list) or not raw_apis:
@@ -682,7 +690,14 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
             problems.add("auth", f"key 'apis': no API is named {name!r} (APIs: {', '.join(sorted(seen))})")
     problems.raise_if_any()
     return ProjectConfig(
-        root=root, apis=apis, jobs=jobs, protocols=protocols, auth=auth, cors=cors, allowed_hosts=allowed_hosts
+        root=root,
+        apis=apis,
+        jobs=jobs,
+        protocols=protocols,
+        auth=auth,
+        cors=cors,
+        allowed_hosts=allowed_hosts,
+        docs=docs,
     )
 
 

@@ -88,7 +88,7 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
     [
         (
             "apis:\n  - name: echo\n    handler: {path: model.py}\n    timout: 3\n",
-            "api 'echo': unknown key 'timout' (known keys: batching, data_dir, handler, kind,",
+            "api 'echo': unknown key 'timout' (known keys: batching, data_dir, description, handler, kind,",
         ),
         (
             "apis:\n  - name: echo\n    handler: {path: model.py, klass: Model}\n",
@@ -172,7 +172,7 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
         ),
         (
             "api:\n  - name: echo\n    handler: {path: model.py}\n",
-            "top level: unknown key 'api' (known keys: allowed_hosts, apis, auth, cors, jobs, protocols)",
+            "top level: unknown key 'api' (known keys: allowed_hosts, apis, auth, cors, docs, jobs, protocols)",
         ),
         (
             "42\n",

@@ -28,6 +28,7 @@ from modelserve.codecs import JSON_TYPE
 from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
 from modelserve.errors import ConfigError, ServiceUnavailable
 from modelserve.http._asgi import request_headers, send_body, send_json
+from modelserve.http.docs import docs_routes
 from modelserve.http.errors import render, send_error
 from modelserve.http.guard import Guard
 from modelserve.http.jobs import JobsEndpoint
@@ -91,6 +92,7 @@ def routes(server: ModelServer) -> list[Route]:
         Route("/readyz", {"GET": own.readyz}),
         Route("/metrics", {"GET": own.metrics}),
     ]
+    table += docs_routes(server, table)  # /openapi.json describes this very table
     return table
 
 
@@ -171,6 +173,7 @@ def create_app(
     host: str | None = None,
     api_key_env: str | None = None,
     cors_origins: Sequence[str] = (),
+    docs: bool = True,
     **api_options: Any,
 ) -> ModelserveApp:
     """Build the ASGI app of a project folder, or of one handler class given directly.
@@ -196,6 +199,7 @@ def create_app(
     loopback address turns on the Host check against DNS rebinding (see ``allowed_hosts``).
     `api_key_env` and `cors_origins` are the CLI's ``--api-key-env`` and ``--cors-origin``, over the
     project's ``auth`` and ``cors``. API keys are read here, from the environment or the keys file.
+    ``docs=False`` (the CLI's ``--no-docs``) leaves out the ``/docs`` page, as ``docs: false`` does.
 
     `base_url` is the URL the server is reached at (with the mount prefix); user code reads it as
     ``MODELSERVE_URL`` to call the other APIs of the same server. Raises `ConfigError` for a bad project
@@ -218,5 +222,6 @@ def create_app(
     if jobs_store is not None:
         project.jobs.store = jobs_store
     apply_command_line(project, api_key_env, cors_origins)
+    project.docs = project.docs and docs
     server = ModelServer(project, on_load_error=on_load_error, workers=workers)
     return ModelserveApp(server, base_url, host)
