@@ -25,11 +25,11 @@ was close, nor about the keys' lengths.
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import os
 import re
 from collections.abc import Iterable
+from hashlib import sha256
+from hmac import compare_digest
 from pathlib import Path
 
 from modelserve.config import AuthConfig
@@ -53,6 +53,10 @@ class Access(enum.Enum):
     API_KEY = "an API key"
 
 
+# Members bound once: looking one up on an Enum class costs about 0.15 us in Python 3.11, on every request.
+_API_KEY = Access.API_KEY
+
+
 class Refusal(enum.Enum):
     """Why a request was refused (the ``reason`` label of ``modelserve_auth_failures_total``)."""
 
@@ -73,7 +77,7 @@ class KeySet:
     """Keys kept as SHA-256 digests; `matches` compares a candidate with each of them in constant time."""
 
     def __init__(self, keys: Iterable[str]) -> None:
-        self._digests = tuple(hashlib.sha256(key.encode("ascii")).digest() for key in dict.fromkeys(keys))
+        self._digests = tuple(sha256(key.encode("ascii")).digest() for key in dict.fromkeys(keys))
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -84,10 +88,10 @@ class KeySet:
         return joined
 
     def matches(self, candidate: bytes) -> bool:
-        digest = hashlib.sha256(candidate).digest()
+        digest = sha256(candidate).digest()
         found = False
         for key in self._digests:  # every key, no early exit
-            found |= hmac.compare_digest(digest, key)
+            found |= compare_digest(digest, key)
         return found
 
 
@@ -164,7 +168,7 @@ class ApiKeys:
 
     def check(self, access: Access, authorization: bytes | None, api_key: bytes | None) -> Refusal | None:
         """None when a request with these headers may go on, else why not."""
-        keys = self.api_keys if access is Access.API_KEY else self.metrics_keys
+        keys = self.api_keys if access is _API_KEY else self.metrics_keys
         if api_key is not None and keys.matches(api_key.strip()):
             return None
         if authorization is not None and authorization[:7].lower() == b"bearer ":

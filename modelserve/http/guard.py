@@ -36,6 +36,7 @@ from modelserve.http.errors import send_error
 from modelserve.http.routing import RouteTable, route_path
 from modelserve.metrics import Metrics
 
+_OPEN = Access.OPEN  # bound once: an Enum member lookup costs about 0.15 us in Python 3.11
 #: Host names that always reach a loopback server.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 # Verdicts on raw Host values already seen, so that the usual one or two cost a dict lookup; bounded, since a
@@ -160,7 +161,7 @@ class Guard:
             send = self.cors.send_for(send, origin)
         if self.keys is not None:
             access = self._access.get(path) or self.access(path)
-            if access is not Access.OPEN:
+            if access is not _OPEN:
                 refused = self.keys.check(access, headers.get(b"authorization"), headers.get(b"x-api-key"))
                 if refused is not None:
                     (self._missing if refused is Refusal.MISSING else self._invalid).inc()
