@@ -222,7 +222,7 @@ def test_exit_2_for_an_empty_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("yaml_text", "expected"),
     [
-        ("apis: [\n", "modelserve.yaml is not valid YAML"),
+        ("apis: [\n", "modelserve.yaml, line 2, column 1: not valid YAML"),
         ("- {name: echo, handler: {path: model.py}, max_concurrency: two}\n", "key 'max_concurrency'"),
         ("- {name: echo, handler: {path: modle.py}}\n", "file 'modle.py' not found"),
     ],

@@ -213,7 +213,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 
 def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"modelserve.yaml is not valid YAML"):
+    with pytest.raises(ConfigError, match=r"modelserve.yaml, line 2, column 3: not valid YAML"):
         load_project_config(project(tmp_path, "apis: [\n  - name: echo\n"))
 
 
