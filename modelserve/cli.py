@@ -203,7 +203,7 @@ def worker_app() -> Any:
     def stop_worker(exc: Exception) -> None:
         if settings["reload"]:
             return  # keep serving 503s with the error; the next saved change restarts the worker
-        logging.getLogger("modelserve").critical("worker %d stops: %s", os.getpid(), exc)
+        logging.getLogger("modelserve").critical("worker %d stops (the error is above)", os.getpid())
         logging.shutdown()
         os._exit(EXIT_LOAD)
 
