@@ -112,6 +112,10 @@ def test_a_load_error_is_printed_once(tmp_path: Path) -> None:
         ("kind: async\n    handler: {path: model.py}\n    secrets: [token]", "key 'secrets' is given to a Model class"),
         ("model: {path: m.onnx}\n    data_dir: data", "key 'data_dir' is given to a Model class"),
         ("model: {path: m.onnx, signature_key: serve}", "key 'signature_key' applies to tensorflow models"),
+        (
+            "model: {path: m.onnx, inline_threshold_ms: 0}\n    handler: {path: model.py, class: Handler}",
+            "key 'inline_threshold_ms' applies to a model file",
+        ),
         ("model: {path: m.onnx, format: onnx, providers: [CPUExecutionProvider]}\n    result_ttl: 5", "result_ttl"),
     ],
 )
