@@ -86,7 +86,12 @@ def model_alone(path: Path, threads: int) -> str:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
+    if threads:
+        options.intra_op_num_threads = threads
+    else:
+        from modelserve.runtimes.onnx import default_intra_op_threads
+
+        options.intra_op_num_threads = default_intra_op_threads()
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     parts = []
     for rows in (1, 32):
@@ -107,11 +112,13 @@ def body() -> str:
     return '{"x": [[' + ",".join(f"{v:g}" for v in row) + "]]}"
 
 
-def project_yaml(batching: str | None, threads: int) -> str:
+def project_yaml(batching: str | None, threads: int, model: Path) -> str:
+    """The project of one server; `threads` 0 leaves intra_op_threads to modelserve's default."""
+    setting = f", intra_op_threads: {threads}" if threads else ""
     text = f"""
         apis:
           - name: mlp
-            model: {{path: ../mlp.onnx, intra_op_threads: {threads}}}
+            model: {{path: {model}{setting}}}
             max_queue_length: 1000
     """
     if batching is not None:
@@ -130,7 +137,7 @@ def commands(root: Path, threads: int) -> dict[str, tuple[list[str], Path]]:
     ):
         project = root / name
         project.mkdir()
-        (project / "modelserve.yaml").write_text(project_yaml(batching, threads))
+        (project / "modelserve.yaml").write_text(project_yaml(batching, threads, root / "mlp.onnx"))
         servers[name] = ([*modelserve, str(project), *flags], root)
     if importlib.util.find_spec("litserve") is not None:
         (root / "lit.py").write_text(textwrap.dedent(LITSERVE).lstrip())
@@ -198,7 +205,9 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=4, help="seconds per wrk run (default 4)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell; the median is shown (default 3)")
     parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="onnxruntime intra-op threads (default 0: modelserve's default)"
+    )
     parser.add_argument("--servers", default=None, help="only these servers, comma-separated (default all)")
     parser.add_argument(
         "--pin", action=argparse.BooleanOptionalAction, default=False, help="servers on CPU 0, wrk on CPU 1"

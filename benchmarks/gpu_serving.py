@@ -34,6 +34,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -329,7 +330,7 @@ def main() -> None:
             runs: dict[tuple[str, int], list[Run]] = {}
             try:
                 for server in started:
-                    server.wait_ready(lambda base: answers(base, payload, headers), timeout=300)
+                    server.wait_ready(partial(answers, payload=payload, headers=headers), timeout=300)
                     wrk(server.url + "/model", script, max(levels), 1.0, None)  # warm up
                 for _ in range(args.repeats):
                     for connections in levels:

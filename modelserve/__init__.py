@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from modelserve.config import ApiConfig, BatchingConfig, HandlerConfig, JobsConfig, ModelFileConfig, ProjectConfig
 from modelserve.context import current_request_id, is_cancelled
+from modelserve.devices import device
 from modelserve.errors import (
     BadRequest,
     ConfigError,
@@ -39,6 +40,7 @@ __all__ = [
     "ProjectConfig",
     "create_app",
     "current_request_id",
+    "device",
     "is_cancelled",
     "logger",
     "serve",

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from modelserve import devices
 from modelserve.context import current
 from modelserve.errors import BatchSizeMismatch
 
@@ -107,6 +108,7 @@ class BatchThreads:
 
     def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier) -> None:
         self.idents.append(threading.get_ident())
+        devices.enter(self.name)  # modelserve.device() in the batched predict: this API's device
         try:
             if warm is not None:
                 warm()

@@ -325,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_dir = tempfile.mkdtemp(prefix="modelserve-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         atexit.register(shutil.rmtree, metrics_dir, True)  # after the workers are gone, whatever the exit
+        # Every worker takes its slot (and so its GPU among an API's devices) from lock files here.
+        from modelserve.devices import SLOTS_ENV
+
+        slots_dir = tempfile.mkdtemp(prefix="modelserve-slots-")
+        os.environ[SLOTS_ENV] = slots_dir
+        atexit.register(shutil.rmtree, slots_dir, True)
 
     # Validate the project in this process first (config, imports, signatures), so that the common
     # mistakes give a clear message and an exit code before any worker starts.

@@ -53,9 +53,13 @@ class ModelFileConfig:
     path: str
     format: str = "onnx"
     signature_key: str = "serving_default"
-    providers: list[str] = field(default_factory=lambda: ["CPUExecutionProvider"])
+    #: Execution providers in order of preference: names, or ``{name: {option: value}}`` (``device_id`` is
+    #: filled in from the API's device when not given).
+    providers: list[str | dict[str, dict[str, Any]]] = field(default_factory=lambda: ["CPUExecutionProvider"])
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
+    #: TensorFlow: the GPU memory the model may take (None: it grows as needed).
+    gpu_memory_limit_mb: int | None = None
     #: Calls measured under this many milliseconds run inline on the event loop; slower ones in a thread.
     inline_threshold_ms: float = 1.0
 
@@ -110,6 +114,9 @@ class ApiConfig:
     python_path: list[str] = field(default_factory=list)
     #: Set for Cortex handlers (cortex.yaml projects, or `model:` with `handler.class`).
     cortex: CortexConfig | None = None
+    #: GPU ids spread over the worker processes (worker i uses devices[i mod n]), or "auto": every visible GPU,
+    #: the CPU without one (`modelserve.devices`).
+    devices: list[int] | str = "auto"
     #: What the API does, for its OpenAPI document (None: the class's docstring).
     description: str | None = None
 
@@ -223,6 +230,38 @@ def _mapping(value: Any) -> dict[str, Any]:
     return value
 
 
+def _providers(value: Any) -> list[str | dict[str, dict[str, Any]]]:
+    """``[CUDAExecutionProvider, CPUExecutionProvider]``, an entry possibly ``{name: {option: value}}``."""
+    if isinstance(value, str):
+        value = [value]
+    problem = "a list of execution provider names, each possibly a mapping {name: {option: value}}"
+    if not isinstance(value, list) or not value:
+        raise _Invalid(problem)
+    for entry in value:
+        if isinstance(entry, str) and entry:
+            continue
+        if isinstance(entry, dict) and len(entry) == 1:
+            name, options = next(iter(entry.items()))
+            if isinstance(name, str) and name and (options is None or isinstance(options, dict)):
+                continue
+        raise _Invalid(problem)
+    return [entry if isinstance(entry, str) else {k: dict(v or {}) for k, v in entry.items()} for entry in value]
+
+
+def _devices(value: Any) -> list[int] | str:
+    if value == "auto":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise _Invalid("'auto' or a list of GPU ids (integers >= 0)")
+    return value
+
+
 def _string_list(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
@@ -333,6 +372,7 @@ class _Problems:
 
 _API_KEYS = {
     "name",
+    "devices",
     "on_disconnect",
     "kind",
     "handler",
@@ -358,6 +398,7 @@ _MODEL_KEYS = {
     "intra_op_threads",
     "inter_op_threads",
     "inline_threshold_ms",
+    "gpu_memory_limit_mb",
 }
 _BATCHING_KEYS = {"max_batch_size", "max_wait_ms"}
 _JOBS_KEYS = {"store", "path", "prefix"}
@@ -453,9 +494,10 @@ def _parse_model(raw: Any, where: str, root: Path, problems: _Problems) -> Model
             problems.add(where, f"key 'format': cannot tell the format of {path!r}; say 'onnx' or 'tensorflow'")
     config = ModelFileConfig(path=path, format=fmt or "onnx")
     config.signature_key = problems.take(section, "signature_key", _string, where, config.signature_key)
-    config.providers = problems.take(section, "providers", _string_list, where, config.providers)
+    config.providers = problems.take(section, "providers", _providers, where, config.providers)
     config.intra_op_threads = problems.take(section, "intra_op_threads", _positive_int, where)
     config.inter_op_threads = problems.take(section, "inter_op_threads", _positive_int, where)
+    config.gpu_memory_limit_mb = problems.take(section, "gpu_memory_limit_mb", _positive_int, where)
     config.inline_threshold_ms = problems.take(
         section, "inline_threshold_ms", _non_negative_number, where, config.inline_threshold_ms
     )
@@ -550,6 +592,7 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
         api.batching = _parse_batching(raw["batching"], where, problems)
     _refuse_inapplicable(api, raw, where, problems)
     api.on_disconnect = problems.take(raw, "on_disconnect", _choice(*ON_DISCONNECT), where, api.on_disconnect)
+    api.devices = problems.take(raw, "devices", _devices, where, api.devices)
     api.description = problems.take(raw, "description", _string, where)
     return api
 
@@ -568,16 +611,10 @@ def _refuse_inapplicable(api: ApiConfig, raw: dict[str, Any], where: str, proble
             problems.add(where, f"key '{key}' is given to a Model class's constructor; this API has none")
     model = raw.get("model")
     if api.model is not None and isinstance(model, dict):
-        only = {"signature_key": "tensorflow", "providers": "onnx"}
+        only = {"signature_key": "tensorflow", "providers": "onnx", "gpu_memory_limit_mb": "tensorflow"}
         for key, fmt in only.items():
             if key in model and api.model.format != fmt:
                 problems.add(f"{where}, model", f"key '{key}' applies to {fmt} models; this one is {api.model.format}")
-        if "inline_threshold_ms" in model and not model_file:
-            problems.add(
-                f"{where}, model",
-                "key 'inline_threshold_ms' applies to a model file served with hooks or none, "
-                "not through a handler class",
-            )
 
 
 def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:

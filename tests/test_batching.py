@@ -160,3 +160,107 @@ def test_streaming_with_batching_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(modelserve.LoadError, match="batching"):
         modelserve.create_app(handler=Streams, batching=modelserve.BatchingConfig(max_batch_size=4))
+
+
+# --------------------------------------------------------------------------------------------------
+# The lean path (issue 19): a batch's own thread runs the sync stages; a lone request is never held back.
+
+STANDIN = """
+import threading
+import time
+
+import modelserve
+
+
+class Model:
+    def __init__(self):
+        self.threads = []
+
+    def preprocess(self, inputs):
+        self.threads.append(("preprocess", threading.get_ident()))
+        if inputs.get("fail") == "preprocess":
+            raise ValueError("bad inputs")
+        return inputs["x"]
+
+    def predict(self, batch):
+        self.threads.append(("predict", threading.get_ident()))
+        if "boom" in batch:
+            raise RuntimeError("the model failed")
+        time.sleep(0.002)
+        return [x * 2 for x in batch]
+
+    def postprocess(self, doubled):
+        self.threads.append(("postprocess", threading.get_ident()))
+        if doubled == -2:
+            raise modelserve.BadRequest("no minus one")
+        return {"doubled": doubled, "request_id": modelserve.current_request_id()}
+"""
+
+
+@pytest.fixture(scope="module")
+def lean(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from starlette.testclient import TestClient
+
+    import modelserve
+
+    project = write_project(
+        tmp_path_factory.mktemp("lean"),
+        {
+            "model.py": STANDIN,
+            "modelserve.yaml": """
+                apis:
+                  - name: lean
+                    handler: {path: model.py}
+                    batching: {max_batch_size: 16}
+            """,
+        },
+    )
+    app = modelserve.create_app(project)
+    with TestClient(app) as client:
+        client.portal.call(app.server.wait_loaded)
+        yield client, app.server.apis["lean"].backend
+
+
+def test_a_batch_runs_every_sync_stage_on_the_apis_own_warm_thread(lean) -> None:  # type: ignore[no-untyped-def]
+    client, backend = lean
+    threads = backend.batcher.threads
+    assert len(threads.idents) == 1  # started at load, before any request
+    backend.instance.threads.clear()
+    for x in range(5):  # one at a time: each a lone request
+        answer = client.post("/lean", json={"x": x}, headers={"x-request-id": f"lone-{x}"})
+        assert answer.json() == {"doubled": 2 * x, "request_id": f"lone-{x}"}
+    seen = backend.instance.threads
+    assert [stage for stage, _ in seen] == ["preprocess", "predict", "postprocess"] * 5
+    assert {ident for _, ident in seen} == {threads.idents[0]}  # the same thread, every stage, every call
+
+
+def test_a_failing_stage_fails_its_own_request_only(lean) -> None:  # type: ignore[no-untyped-def]
+    client, _ = lean
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            bodies = [{"x": 1}, {"x": 2, "fail": "preprocess"}, {"x": -1}, {"x": 3}]
+            answers = await asyncio.gather(*(http.post("/lean", json=body) for body in bodies))
+        return [answer.status_code for answer in answers]
+
+    assert client.portal.call(scenario) == [200, 500, 400, 200]
+    assert client.post("/lean", json={"x": "boom"}).status_code == 500
+
+
+def test_a_lone_request_is_handed_to_its_thread_in_the_same_turn_of_the_loop() -> None:
+    from modelserve.batching import Batcher
+
+    async def scenario() -> tuple[int, int, bool, list[int]]:
+        calls: list[int] = []
+        batcher = Batcher(sync_call=lambda items: calls.append(len(items)) or items, name="t", max_batch_size=8)
+        batcher.threads.start()  # type: ignore[union-attr]
+        lone = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0)  # the request's task runs and queues its batch
+        await asyncio.sleep(0)  # the end of that turn: the batch goes to its thread
+        running, waiting, timer = batcher.running, batcher.waiting, batcher._timer is None
+        assert await lone == 1
+        batcher.close()
+        return running, waiting, timer, calls
+
+    assert asyncio.run(scenario()) == (1, 0, True, [1])

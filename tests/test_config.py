@@ -88,7 +88,7 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
     [
         (
             "apis:\n  - name: echo\n    handler: {path: model.py}\n    timout: 3\n",
-            "api 'echo': unknown key 'timout' (known keys: batching, data_dir, description, handler, kind,",
+            "api 'echo': unknown key 'timout' (known keys: batching, data_dir, description, devices, handler, kind,",
         ),
         (
             "apis:\n  - name: echo\n    handler: {path: model.py, klass: Model}\n",

@@ -21,6 +21,7 @@ PUBLIC = [
     "ProjectConfig",
     "create_app",
     "current_request_id",
+    "device",
     "is_cancelled",
     "logger",
     "serve",

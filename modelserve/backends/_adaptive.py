@@ -17,10 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelserve.context import current
 from modelserve.pipeline import run_in_thread
+
+if TYPE_CHECKING:
+    from modelserve.batching import BatchThreads
 
 logger = logging.getLogger("modelserve")
 
@@ -44,7 +47,17 @@ class Adaptive:
         result = await run.call(session_run, feeds, size=feeds_size)
     """
 
-    __slots__ = ("name", "label", "threshold", "estimate", "usual_size", "inline_calls", "thread_calls", "_warned")
+    __slots__ = (
+        "name",
+        "label",
+        "threshold",
+        "estimate",
+        "usual_size",
+        "inline_calls",
+        "thread_calls",
+        "threads",
+        "_warned",
+    )
 
     def __init__(self, name: str, threshold_s: float, label: str = "") -> None:
         self.name = name
@@ -56,6 +69,8 @@ class Adaptive:
         self.usual_size = 1.0
         self.inline_calls = 0
         self.thread_calls = 0
+        #: Threads of its own for the calls that do not run inline (a batched model's); None: the process's pool.
+        self.threads: BatchThreads | None = None
         self._warned = False
 
     def seed(self, seconds: float, size: float = 1.0) -> None:
@@ -99,6 +114,8 @@ class Adaptive:
                     if seconds > BLOCKED_LOG_S and seconds > BLOCKED_FACTOR * self.threshold:
                         self._blocked(seconds)
         self.thread_calls += 1
+        if self.threads is not None:
+            return await self.threads.run_here(self._timed, fn, args, size)
         return await run_in_thread(self._timed, fn, args, size, ctx=current.get())
 
     def _timed(self, fn: Callable[..., Any], args: tuple[Any, ...], size: float) -> Any:

@@ -1,7 +1,7 @@
 """A Truss-style Model class: optional load(), preprocess / predict / postprocess.
 
 The constructor gets what Truss gives, by name (or all of it through ``**kwargs``): ``config``, ``data_dir``,
-``secrets``, ``environment``, ``lazy_data_resolver``, and modelserve's ``metrics_client``.
+``secrets``, ``environment``, ``lazy_data_resolver``, and modelserve's ``metrics_client`` and ``device``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio.to_thread
 from starlette.exceptions import HTTPException
 
+from modelserve import devices
 from modelserve.backends import Backend, resolve_class
 from modelserve.batching import Batcher, Failed
 from modelserve.context import RequestContext, current
@@ -39,7 +40,15 @@ if TYPE_CHECKING:
     from modelserve.metrics import ApiMetrics, MetricsClient
 
 #: What a constructor may ask for by name (Truss's arguments, then modelserve's own).
-CONSTRUCTOR_ARGS = ("config", "data_dir", "secrets", "environment", "lazy_data_resolver", "metrics_client")
+CONSTRUCTOR_ARGS = (
+    "config",
+    "data_dir",
+    "secrets",
+    "environment",
+    "lazy_data_resolver",
+    "metrics_client",
+    "device",
+)
 
 
 class LazyDataResolver:
@@ -61,7 +70,8 @@ def constructor_arguments(api: ApiConfig, root: Path | None, metrics_client: Met
 
     ``config`` is the API's ``handler.config`` (a Truss folder's whole config.yaml), ``data_dir`` the
     project's ``data/`` folder (or the API's ``data_dir``), ``secrets`` a `Secrets` mapping of the names the
-    API declares, ``environment`` None (Truss's value when a deployment has no environment).
+    API declares, ``environment`` None (Truss's value when a deployment has no environment), ``device`` the
+    API's device in this process (``"cuda:0"`` or ``"cpu"``, as `modelserve.device()` says; `modelserve.devices`).
     """
     base = root if root is not None else Path.cwd()
     data_dir = (base / (api.data_dir or "data")).resolve()
@@ -72,6 +82,7 @@ def constructor_arguments(api: ApiConfig, root: Path | None, metrics_client: Met
         "environment": None,
         "lazy_data_resolver": LazyDataResolver(data_dir),
         "metrics_client": metrics_client,
+        "device": devices.assign(api.devices).name,
     }
 
 
@@ -150,6 +161,8 @@ class ModelClassBackend(Backend):
         self.metrics_client = metrics_client
         self.api_metrics = api_metrics
         self.instance: Any = None
+        #: Where the API's code runs in this process (`modelserve.devices`); the CPU until loaded.
+        self.device = devices.CPU
         check_constructor(self.cls, self.label)
         if api.batching is not None:
             predict = self.spec.stage("predict")
@@ -168,10 +181,16 @@ class ModelClassBackend(Backend):
         return any(stage is not None and stage.generator is not None for stage in stages)
 
     async def load(self) -> None:
-        available = constructor_arguments(self.api, self.root, self.metrics_client)
-        self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
-        if self.spec.has_load:
-            await call_load(self.instance, self.label, self.spec.load_is_async)
+        self.device = devices.assign(self.api.devices)
+        devices.place(self.api.name, self.device)
+        token = devices.enter(self.api.name)  # modelserve.device() in the constructor and load() knows the API
+        try:
+            available = constructor_arguments(self.api, self.root, self.metrics_client)
+            self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
+            if self.spec.has_load:
+                await call_load(self.instance, self.label, self.spec.load_is_async)
+        finally:
+            devices.leave(token)
         self.pipeline = self.build_pipeline(self.instance)
 
     def build_pipeline(self, instance: Any) -> Pipeline:
@@ -275,6 +294,8 @@ class ModelClassBackend(Backend):
             },
             "load": self.spec.has_load,
             "secrets": sorted(self.api.secrets),
+            "device": self.device.name,
+            "worker": devices.worker_slot(),
         }
 
 

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from modelserve import runtimes
+from modelserve import devices, runtimes
 from modelserve.backends import Backend
 from modelserve.backends._adaptive import Adaptive
-from modelserve.batching import TensorBatcher
+from modelserve.batching import BatchThreads, TensorBatcher
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable
 from modelserve.pipeline import Pipeline, Stage
@@ -127,8 +127,11 @@ class ModelFileBackend(Backend):
     """Serves `api.model` (an ONNX file or a SavedModel) with the hooks of `api.handler`."""
 
     kind = "model_file"
-    #: With `batching` configured: concurrent requests' feeds share model calls.
+    #: With `batching` configured: concurrent requests' feeds share model calls, on threads of the API's own.
     batcher: TensorBatcher | None = None
+    threads: BatchThreads | None = None
+    #: Where the model runs in this process (`modelserve.devices`); the CPU until loaded.
+    device: devices.Device = devices.CPU
     #: The types the hooks annotate (`modelserve.schema`): the body is validated into pre_inference's.
     input_type: TypedValue | None = None
     output_type: TypedValue | None = None
@@ -177,6 +180,8 @@ class ModelFileBackend(Backend):
         self.converter: InputConverter | None = None
 
     async def load(self) -> None:
+        self.device = devices.assign(self.api.devices)
+        devices.place(self.api.name, self.device)
         self.model = await anyio.to_thread.run_sync(self._load_model)
         try:
             self.converter = InputConverter(self.model.inputs)
@@ -188,7 +193,7 @@ class ModelFileBackend(Backend):
     def _load_model(self) -> LoadedModel:
         adapter = runtimes.adapter(self.config.format)
         try:
-            model: LoadedModel = adapter.load(self.path, self.config)
+            model: LoadedModel = adapter.load(self.path, self.config, device=self.device)
         except LoadError as exc:
             raise LoadError(f"{self.label}: {exc}") from exc
         return model
@@ -300,6 +305,12 @@ class ModelFileBackend(Backend):
         assert model is not None and batching is not None
         alone, run = self.adaptive["run"], model.run
         stacked = Adaptive("run (stacked)", alone.threshold, self.label)
+        # The model's calls in threads of the API's own, each warmed by a call at load (a GPU runtime builds
+        # per-thread state on a thread's first call).
+        zeros = {spec.name: spec.example() for spec in model.inputs}
+        self.threads = BatchThreads(self.api.name, self.api.max_concurrency)
+        self.threads.start(warm=lambda: run(zeros))
+        alone.threads = stacked.threads = self.threads
 
         async def run_alone(feeds: dict[str, Any]) -> Any:
             return await alone.call(run, feeds, size=_size(feeds))
@@ -338,9 +349,13 @@ class ModelFileBackend(Backend):
                 },
             },
             "batching": self.batcher.describe() if self.batcher is not None else None,
+            "device": self.device.name,
+            "worker": devices.worker_slot(),
         }
 
     async def close(self) -> None:
+        if self.threads is not None:
+            self.threads.close()
         if self.model is not None:
             self.model.close()
 

@@ -8,6 +8,7 @@ post_inference; ``prediction`` is the list of output arrays in the model's outpu
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from modelserve.runtimes._tensors import Dim, TensorSpec
 
 if TYPE_CHECKING:
     from modelserve.config import ModelFileConfig
+    from modelserve.devices import Device
 
 logger = logging.getLogger("modelserve")
 
@@ -48,10 +50,24 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, None if dtype is None else np.dtype(dtype), shape, arg.type)
 
 
+#: Execution providers that run on one GPU, picked by their ``device_id`` option.
+GPU_PROVIDERS = frozenset(
+    {"CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider"}
+)
+
+
+def default_intra_op_threads() -> int:
+    """The intra-op threads of a session whose API sets none: every core but one, which is left to the event
+    loop (measured in docs/runtimes.md: onnxruntime's own default, one thread per core, spins its threads on
+    the loop's core, and a batched MLP on 2 cores gained less than half of what it gains with one thread)."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def session_options(config: ModelFileConfig) -> onnxruntime.SessionOptions:
     options = onnxruntime.SessionOptions()
-    if config.intra_op_threads is not None:
-        options.intra_op_num_threads = config.intra_op_threads
+    options.intra_op_num_threads = (
+        config.intra_op_threads if config.intra_op_threads is not None else default_intra_op_threads()
+    )
     if config.inter_op_threads is not None:
         options.inter_op_num_threads = config.inter_op_threads
         if config.inter_op_threads > 1:
@@ -60,18 +76,35 @@ def session_options(config: ModelFileConfig) -> onnxruntime.SessionOptions:
     return options
 
 
-def choose_providers(wanted: list[str]) -> list[str]:
-    """The wanted execution providers that this onnxruntime build has, in the wanted order."""
+def provider_entries(wanted: list[Any], device: Device | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The configured providers as onnxruntime's ``(name, options)`` pairs; a GPU provider gets the API's device
+    as its ``device_id`` unless its options name one."""
+    entries = []
+    for entry in wanted:
+        name, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+        options = dict(options or {})
+        if name in GPU_PROVIDERS and device is not None and device.gpu is not None:
+            options.setdefault("device_id", device.gpu)
+        entries.append((name, options))
+    return entries
+
+
+def choose_providers(wanted: list[Any], device: Device | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The wanted execution providers that this onnxruntime build has, in the wanted order, as
+    ``(name, options)`` pairs (see `provider_entries`)."""
     available = onnxruntime.get_available_providers()
-    chosen = [name for name in wanted if name in available]
-    skipped = [name for name in wanted if name not in available]
+    entries = provider_entries(wanted, device)
+    chosen = [entry for entry in entries if entry[0] in available]
+    skipped = [name for name, _ in entries if name not in available]
     if not chosen:
         raise LoadError(
-            f"none of the execution providers {wanted} is available in this onnxruntime build "
+            f"none of the execution providers {[name for name, _ in entries]} is available in this onnxruntime build "
             f"(available: {', '.join(available)})"
         )
     if skipped:
-        logger.warning("onnx: execution providers %s are not available here; using %s", skipped, chosen)
+        logger.warning(
+            "onnx: execution providers %s are not available here; using %s", skipped, [name for name, _ in chosen]
+        )
     return chosen
 
 
@@ -105,11 +138,11 @@ class OnnxModel(LoadedModel):
         return {**super().describe(), "providers": self.session.get_providers()}
 
 
-def load(path: Path, config: ModelFileConfig) -> OnnxModel:
-    """Create the session of an .onnx file with the API's providers and thread counts."""
+def load(path: Path, config: ModelFileConfig, device: Device | None = None) -> OnnxModel:
+    """Create the session of an .onnx file with the API's providers (on `device`) and thread counts."""
     if not path.is_file():
         raise LoadError(f"{config.path}: an ONNX model must be a file (found a folder)")
-    providers = choose_providers(config.providers)
+    providers = choose_providers(config.providers, device)
     try:
         session = onnxruntime.InferenceSession(str(path), session_options(config), providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types for invalid models

@@ -10,6 +10,7 @@ output's values as a flat list, as Cortex gave it (Cortex parsed TensorFlow Serv
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from modelserve.runtimes._tensors import Dim, TensorSpec
 
 if TYPE_CHECKING:
     from modelserve.config import ModelFileConfig
+    from modelserve.devices import Device
 
 logger = logging.getLogger("modelserve")
 
@@ -49,17 +51,52 @@ def signature_defs(path: Path) -> dict[str, Any]:
 
 
 def set_threads(config: ModelFileConfig) -> None:
-    """Thread counts must be set before TensorFlow's runtime starts; later they are ignored (with a warning)."""
+    """Thread counts must be set before TensorFlow's runtime starts; later they are ignored (with a warning when
+    the API set them; the default, `default_intra_op_threads`, applies to the first model of the process)."""
     try:
-        if config.intra_op_threads is not None:
-            tf.config.threading.set_intra_op_parallelism_threads(config.intra_op_threads)
+        tf.config.threading.set_intra_op_parallelism_threads(
+            config.intra_op_threads if config.intra_op_threads is not None else default_intra_op_threads()
+        )
         if config.inter_op_threads is not None:
             tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
     except RuntimeError:
+        if config.intra_op_threads is None and config.inter_op_threads is None:
+            return
         logger.warning(
             "tensorflow: intra_op_threads/inter_op_threads of %s are ignored: TensorFlow's runtime was "
             "already started in this process",
             config.path,
+        )
+
+
+def default_intra_op_threads() -> int:
+    """The intra-op threads when the API sets none: every core but one, left to the event loop (see the ONNX
+    adapter's default and docs/runtimes.md)."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def configure_gpus(device: Device | None, config: ModelFileConfig) -> None:
+    """Before TensorFlow's runtime starts: the process sees only the API's GPU, and takes its memory as it
+    grows (TensorFlow's own default maps all of every GPU's memory at once, so that two workers cannot share
+    one), or at most ``gpu_memory_limit_mb``. Nothing to do without a GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    chosen = gpus[device.gpu % len(gpus)] if device is not None and device.gpu is not None else gpus[0]
+    try:
+        tf.config.set_visible_devices([chosen], "GPU")
+        if config.gpu_memory_limit_mb is not None:
+            tf.config.set_logical_device_configuration(
+                chosen, [tf.config.LogicalDeviceConfiguration(memory_limit=config.gpu_memory_limit_mb)]
+            )
+        else:
+            tf.config.experimental.set_memory_growth(chosen, True)
+    except RuntimeError:
+        logger.warning(
+            "tensorflow: the GPU placement of %s (device %s, memory growth or limit) is ignored: TensorFlow's "
+            "runtime was already started in this process",
+            config.path,
+            device,
         )
 
 
@@ -109,11 +146,12 @@ class TensorFlowModel(LoadedModel):
         return {**super().describe(), "signature_key": self.signature_key}
 
 
-def load(path: Path, config: ModelFileConfig) -> TensorFlowModel:
-    """Load a SavedModel directory and pick its `signature_key` signature."""
+def load(path: Path, config: ModelFileConfig, device: Device | None = None) -> TensorFlowModel:
+    """Load a SavedModel directory (on `device`) and pick its `signature_key` signature."""
     if not (path / "saved_model.pb").is_file():
         raise LoadError(f"{config.path}: not a SavedModel directory (no saved_model.pb in it)")
     set_threads(config)
+    configure_gpus(device, config)
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:
