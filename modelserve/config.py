@@ -615,6 +615,12 @@ def _refuse_inapplicable(api: ApiConfig, raw: dict[str, Any], where: str, proble
         for key, fmt in only.items():
             if key in model and api.model.format != fmt:
                 problems.add(f"{where}, model", f"key '{key}' applies to {fmt} models; this one is {api.model.format}")
+        if "inline_threshold_ms" in model and not model_file:
+            problems.add(
+                f"{where}, model",
+                "key 'inline_threshold_ms' applies to a model file served with hooks or none, "
+                "not through a handler class",
+            )
 
 
 def _parse_jobs(raw: Any, problems: _Problems) -> JobsConfig:
