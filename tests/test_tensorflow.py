@@ -145,8 +145,10 @@ def test_get_describes_the_signature(client: TestClient) -> None:
 
 
 def test_an_unknown_signature_key_fails_the_load_naming_the_signatures(project: Path) -> None:
+    model = project / "two"  # a model outside the project folder is given by its absolute path
     write_project(
-        project / "bad", {"modelserve.yaml": "apis:\n  - name: bad\n    model: {path: ../two, signature_key: nope}\n"}
+        project / "bad",
+        {"modelserve.yaml": f"apis:\n  - name: bad\n    model: {{path: {model}, signature_key: nope}}\n"},
     )
     errors: list[modelserve.LoadError] = []
     app = modelserve.create_app(project / "bad", on_load_error=errors.append)
