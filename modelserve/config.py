@@ -153,7 +153,8 @@ class CorsConfig:
     allow_headers: list[str] = field(
         default_factory=lambda: ["Authorization", "X-API-Key", "X-Request-ID", "Inference-Header-Content-Length"]
     )
-    expose_headers: list[str] = field(default_factory=lambda: ["X-Request-ID", "Retry-After"])
+    #: Answer headers a page may read besides the safelisted ones (Starlette's default: none).
+    expose_headers: list[str] = field(default_factory=list)
     allow_credentials: bool = False
     #: Answer Chrome's Private Network Access preflights (a public web site calling a server on this network).
     allow_private_network: bool = False

@@ -35,6 +35,7 @@ apis:
 auth: {api_keys_env: CORS_TEST_KEYS}
 cors:
   allow_origins: ["http://app.example", "http://other.app.example:8080"]
+  expose_headers: [X-Request-ID, Retry-After]
   max_age: 120
 """
 
@@ -180,6 +181,7 @@ def test_any_origin_answers_a_star_unless_credentials_are_allowed() -> None:
     anyone = Cors(CorsConfig(allow_origins=["*"]))
     assert dict(anyone.headers_for(b"http://x.example"))[b"access-control-allow-origin"] == b"*"
     assert anyone.headers_for(None) == []
+    assert b"access-control-expose-headers" not in dict(anyone.headers_for(b"http://x.example"))  # Starlette's default
     assert dict(anyone.preflight(b"http://x.example", b"POST", None, False))[b"access-control-allow-origin"] == b"*"
     listed = Cors(CorsConfig(allow_origins=[ALLOWED], allow_credentials=True))
     headers = dict(listed.headers_for(ALLOWED.encode()))
