@@ -200,14 +200,14 @@ def main() -> None:
             try:
                 body = requests["json"][0]
                 for server in servers.values():
-                    server.wait_ready(lambda url: httpx.post(url + PATH, content=body).status_code == 200)
+                    server.wait_ready(lambda url, body=body: httpx.post(url + PATH, content=body).status_code == 200)
                 answers = {
                     target: answer_of(servers[server_name].url + path, *requests[kind])
                     for target, server_name, path, kind in TARGETS
                 }
                 for target, answer in answers.items():  # the same work: the same answer
                     np.testing.assert_allclose(answer, answers["bare-json"], rtol=1e-5, atol=1e-6, err_msg=target)
-                for target, server_name, path, kind in TARGETS:  # warm up
+                for _, server_name, path, kind in TARGETS:  # warm up
                     wrk(servers[server_name].url + path, scripts[kind], 16, 1.0, wrk_cpu)
                 for _ in range(args.repeats):
                     for connections in levels:
