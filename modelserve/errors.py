@@ -6,7 +6,8 @@
         * `MissingExtraError`: an optional dependency is missing; the message holds the pip command.
     * `HTTPError`: the end of one call that is not a success, with the status code it is answered with.
         * `BadRequest` (400): the request is wrong; the message says what and where (a refused ``Host``,
-          a refused CORS preflight too).
+          a refused CORS preflight too). A body that does not fit a typed stage's inputs adds ``detail``,
+          one ``{loc, msg, type}`` per failing field (`modelserve.schema.invalid_body`).
         * `Unauthorized` (401, ``WWW-Authenticate: Bearer``): the route needs an API key and the request
           carries none, or a wrong one.
         * `NotFound` (404), `MethodNotAllowed` (405), `Conflict` (409), `PayloadTooLarge` (413).
