@@ -103,6 +103,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="environment variable holding the private key's password",
     )
+    from modelserve.http._protocol import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_HEADER_SIZE
+
+    limits = parser.add_argument_group("transport limits")
+    limits.add_argument(
+        "--max-header-size",
+        type=int,
+        default=MAX_HEADER_SIZE,
+        metavar="BYTES",
+        help=f"largest request line and headers; larger: 400 and closed (default: {MAX_HEADER_SIZE})",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=HEADER_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds a request's headers may take to arrive, then closed (default: {HEADER_TIMEOUT:g})",
+    )
+    limits.add_argument(
+        "--body-timeout",
+        type=float,
+        default=BODY_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds a request's body may take after its headers, then closed (default: {BODY_TIMEOUT:g})",
+    )
     return parser
 
 
@@ -297,6 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1 and args.reload:
         print("modelserve: error: --reload and --workers cannot be used together", file=sys.stderr)
         return EXIT_USAGE
+    if args.max_header_size < 1 or args.header_timeout <= 0 or args.body_timeout <= 0:
+        print(
+            "modelserve: error: --max-header-size, --header-timeout and --body-timeout must be positive",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
     if args.secrets_dir is not None:
         from modelserve.secrets import SECRETS_DIR_ENV
@@ -347,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
+    from modelserve.http._protocol import TransportLimits, uvicorn_settings
+
+    limits = TransportLimits(args.max_header_size, args.header_timeout, args.body_timeout)
     config_kwargs: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -355,9 +388,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server_header": False,
         "access_log": args.access_log,
         **ssl_kwargs,
+        **uvicorn_settings(limits),
     }
     if not multiprocess:
         config = uvicorn.Config(app, **config_kwargs)
+        config.modelserve_limits = limits  # type: ignore[attr-defined]  # read by http/_protocol.py
         try:
             sock = _listen(config)
         except OSError as exc:
@@ -388,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     del app  # the parent only validated the project; the workers serve it
     os.environ[_ENV_SETTINGS] = json.dumps(settings)
     config = uvicorn.Config("modelserve.cli:worker_app", factory=True, workers=args.workers, **config_kwargs)
+    config.modelserve_limits = limits  # type: ignore[attr-defined]  # pickled into the workers
     try:
         sock = _listen(config)
     except OSError as exc:

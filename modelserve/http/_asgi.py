@@ -33,10 +33,17 @@ def request_headers(scope: Scope) -> tuple[str, str | None, str | None, str | No
     return sane_request_id(request_id), content_type, content_length, accept
 
 
+#: Sent with a refusal that leaves a body unread: the server closes the connection instead of reading (and
+#: dropping) the rest of a body it refused, which could be as long as the client likes when it is chunked.
+CLOSE = {"connection": "close"}
+
+
 def check_length(limit: int, content_length: str | None) -> None:
     """`PayloadTooLarge` for a declared length over `limit`, before a byte of the body is read."""
     if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-        raise PayloadTooLarge(f"request body of {content_length} bytes is larger than the limit of {limit} bytes")
+        raise PayloadTooLarge(
+            f"request body of {content_length} bytes is larger than the limit of {limit} bytes", headers=CLOSE
+        )
 
 
 async def read_body(receive: Receive, limit: int, content_length: str | None) -> bytes:
@@ -59,7 +66,8 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body is larger than the limit of {limit} bytes")
+            too_large = f"request body is larger than the limit of {limit} bytes"
+            raise PayloadTooLarge(too_large, headers=CLOSE if message.get("more_body", False) else None)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -20,7 +20,7 @@ from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import EncodeError, decode_payload, encode_result
 from modelserve.context import RequestContext, current
 from modelserve.errors import ServiceUnavailable, StreamAborted, UserCodeError
-from modelserve.http._asgi import check_length, disconnected, read_body, request_headers, send_body, send_json
+from modelserve.http._asgi import CLOSE, check_length, disconnected, read_body, request_headers, send_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream
 from modelserve.logs import access_writer
@@ -86,7 +86,12 @@ class RealtimeEndpoint:
         limit = api.config.max_body_size
         check_length(limit, content_length)
         size = int(content_length) if content_length is not None and content_length.isdigit() else 0
-        api.admit(size)
+        try:
+            api.admit(size)
+        except ServiceUnavailable as exc:
+            if size > DECODE_INLINE_MAX:
+                exc.headers.update(CLOSE)  # rather than reading a large body only to drop it
+            raise
         try:
             pipeline = api.backend.pipeline
             body = await read_body(receive, limit, content_length)

@@ -1,0 +1,134 @@
+"""Transport limits uvicorn's httptools protocol lacks: a header size limit, and deadlines for the headers and the body.
+
+httptools (llhttp) bounds neither the request line nor the headers, and uvicorn times out only an idle
+keep-alive connection: a client that sends its headers (or its body) a byte a second holds a connection and
+a growing buffer for ever. `LimitedHttpToolsProtocol` is uvicorn's own protocol with three additions, made
+through the parser callbacks httptools documents (``on_message_begin``, ``on_headers_complete``, ...) and
+asyncio's protocol methods (it reads uvicorn's ``url`` and ``headers`` of the request only to size a header
+block that may be too large); it is passed to uvicorn as ``Config(http=...)``, which takes a protocol class:
+
+- request line plus headers over `TransportLimits.max_header_size` bytes: when they are complete, the
+  ``on_headers_complete`` callback raises, so the parser fails and uvicorn answers 400 and closes the
+  connection; while they are still arriving, the connection is closed as soon as they pass the limit (so
+  that at most the limit and one read are held);
+- the headers of a request (from the connection's start, or the request's first byte) not complete within
+  `header_timeout` seconds: the connection is closed;
+- the body not complete within `body_timeout` seconds of the end of the headers: the connection is closed
+  (the app's ``receive`` then says ``http.disconnect``, and the request ends as a disconnect).
+
+A deadline is armed only when a request is still incomplete after the bytes at hand were parsed, so a
+request that arrives whole costs no timer. Without httptools, uvicorn's h11 protocol bounds the headers
+(``h11_max_incomplete_event_size``) but has no deadlines (`uvicorn_settings`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+#: The limits' defaults, as the CLI shows them.
+MAX_HEADER_SIZE = 32 * 1024
+HEADER_TIMEOUT = 10.0
+BODY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    """Bounds on what one client may make the server hold while it sends a request."""
+
+    #: Bytes of the request line and the headers (names, values and separators) of one request.
+    max_header_size: int = MAX_HEADER_SIZE
+    #: Seconds from a connection's start, or a request's first byte, to the end of its headers.
+    header_timeout: float = HEADER_TIMEOUT
+    #: Seconds from the end of a request's headers to the end of its body.
+    body_timeout: float = BODY_TIMEOUT
+
+
+class HeadersTooLarge(Exception):
+    """Raised in a parser callback: httptools turns it into a parser error, which uvicorn answers with 400."""
+
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is part of uvicorn[standard]
+    HttpToolsProtocol = None  # type: ignore[assignment, misc]
+
+
+def uvicorn_settings(limits: TransportLimits) -> dict[str, Any]:
+    """The `uvicorn.Config` keyword arguments that apply `limits`; set ``config.modelserve_limits`` too."""
+    if HttpToolsProtocol is None:  # pragma: no cover
+        return {"http": "h11", "h11_max_incomplete_event_size": limits.max_header_size}
+    return {"http": LimitedHttpToolsProtocol, "h11_max_incomplete_event_size": limits.max_header_size}
+
+
+if HttpToolsProtocol is not None:
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+        """uvicorn's httptools protocol, with `TransportLimits` (read from ``config.modelserve_limits``)."""
+
+        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(config, *args, **kwargs)
+            limits = getattr(config, "modelserve_limits", None) or TransportLimits()
+            self._max_header_size = limits.max_header_size
+            self._header_timeout = limits.header_timeout
+            self._body_timeout = limits.body_timeout
+            self._header_bytes = 0
+            #: What the connection waits for: "headers", "body", or None (between requests).
+            self._reading: str | None = "headers"
+            self._deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm(self._header_timeout)  # a connection that never sends a whole request is closed too
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._reading != "body":
+                self._header_bytes += len(data)  # a rough count (the chunk may hold a body too)
+            super().data_received(data)
+            if self._reading is None or self.transport.is_closing():
+                return
+            if self._reading == "headers" and self._header_bytes > self._max_header_size:
+                self.transport.close()  # the headers are still coming, and already too large
+            elif self._deadline is None:
+                self._arm(self._header_timeout if self._reading == "headers" else self._body_timeout)
+
+        # httptools' parser callbacks
+
+        def on_message_begin(self) -> None:
+            self._reading = "headers"
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            # Counted exactly only when the rough count passed the limit (a large first chunk, or headers
+            # that came in many): the usual request pays one comparison.
+            if self._header_bytes > self._max_header_size:
+                size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+                if size > self._max_header_size:
+                    raise HeadersTooLarge(f"request headers larger than {self._max_header_size} bytes")
+            self._reading = "body"
+            self._header_bytes = 0
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._reading = None
+            self._disarm()
+            super().on_message_complete()
+
+        def _arm(self, seconds: float) -> None:
+            self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()

@@ -1,0 +1,186 @@
+"""Transport limits through a real server and raw sockets: header size, header and body deadlines, and a 413
+that closes the connection instead of reading the rest of a chunked body."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import write_project
+
+PROJECT = {
+    "modelserve.yaml": """
+        apis:
+          - name: echo
+            handler: {path: model.py}
+            max_body_size: 1048576
+    """,
+    "model.py": """
+        class Model:
+            def predict(self, inputs):
+                return inputs
+    """,
+}
+
+TIMEOUT = 1.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any) -> Any:
+    root = write_project(tmp_path_factory.mktemp("transport"), PROJECT)
+    args = ["--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT), "--max-header-size", "8192"]
+    started = start_server_module(root, *args)
+    started.wait_ready()
+    return started
+
+
+def connect(server: Any) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    return sock
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer: its head and its Content-Length of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head = data.split(b"\r\n\r\n", 1)[0]
+    length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+    while len(data) < len(head) + 4 + length:
+        data += sock.recv(65536)
+    return data
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a reset counts as closed)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def trickle(sock: socket.socket, data: bytes, every: float, stop: threading.Event) -> threading.Thread:
+    """Send `data` a byte every `every` seconds until it is sent, the server closes, or `stop` is set."""
+
+    def run() -> None:
+        for byte in data:
+            if stop.wait(every):
+                return
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                return
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def headers(length: int | None = None, extra: str = "") -> bytes:
+    framing = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
+    return f"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}{framing}\r\n".encode()
+
+
+def test_requests_within_the_limits_are_served_on_one_connection(server: Any) -> None:
+    with connect(server) as sock:
+        for _ in range(3):
+            sock.sendall(headers(2) + b"{}")
+            answer = read_answer(sock)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"{}"), answer
+
+
+@pytest.mark.parametrize("at_once", [0, 38], ids=["from-the-first-byte", "after-the-first-line"])
+def test_a_client_slow_to_send_its_headers_is_cut_off_after_the_timeout(server: Any, at_once: int) -> None:
+    stop = threading.Event()
+    request = b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100
+    with connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(request[:at_once])
+        trickle(sock, request[at_once:], 0.2, stop)  # a byte every 0.2 s: never done in time
+        answer = read_until_closed(sock)
+        elapsed = time.monotonic() - started
+        stop.set()
+    assert answer == b""
+    assert TIMEOUT * 0.9 < elapsed < TIMEOUT + 2
+
+
+def test_an_idle_keep_alive_connection_with_half_a_request_is_closed(server: Any) -> None:
+    with connect(server) as sock:
+        sock.sendall(headers(2) + b"{}")
+        assert read_answer(sock).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        sock.sendall(b"POST /echo HTTP/1.1\r\n")  # the next request's first line, and nothing more
+        assert read_until_closed(sock) == b""
+        assert time.monotonic() - started < TIMEOUT + 2
+
+
+def test_a_client_slow_to_send_its_body_is_cut_off_after_the_timeout(server: Any) -> None:
+    stop = threading.Event()
+    with connect(server) as sock:
+        sock.sendall(headers(100) + b'{"x": "')
+        started = time.monotonic()
+        trickle(sock, b"a" * 100, 0.2, stop)
+        answer = read_until_closed(sock)
+        elapsed = time.monotonic() - started
+        stop.set()
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer
+    assert TIMEOUT * 0.9 < elapsed < TIMEOUT + 2
+
+
+def test_a_chunked_body_over_the_limit_gets_413_and_the_rest_is_not_read(server: Any) -> None:
+    chunk = b"%x\r\n%s\r\n" % (64 * 1024, b" " * (64 * 1024))
+    sent = 0
+    with connect(server) as sock:
+        sock.settimeout(10)
+        sock.sendall(headers(None))
+        try:
+            for _ in range(200 * 16):  # 200 MiB, unless the server stops reading
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # reset, broken pipe, or a full window that never drains (timeout)
+            pass
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in answer.lower()
+    # The limit (1 MiB) plus what the kernels' buffers hold on loopback; draining would take all 200 MiB.
+    assert sent < 32 * 1024 * 1024, sent
+
+
+def test_a_declared_length_over_the_limit_gets_413_and_closes(server: Any) -> None:
+    with connect(server) as sock:
+        sock.sendall(headers(50 * 1024 * 1024))
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in answer.lower()
+
+
+def test_an_oversized_header_block_is_refused(server: Any) -> None:
+    with connect(server) as sock:
+        sock.sendall(headers(2, extra="X-Big: " + "a" * 20_000 + "\r\n") + b"{}")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+
+
+def test_headers_still_arriving_past_the_limit_are_cut_off(server: Any) -> None:
+    sent = 0
+    with connect(server) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        try:
+            for i in range(2000):  # 2000 headers of 1 KiB: 2 MiB, never ended
+                sock.sendall(b"X-H%d: %s\r\n" % (i, b"a" * 1024))
+                sent += 1024
+        except OSError:
+            pass
+        answer = read_until_closed(sock)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
+    assert sent < 1024 * 1024, sent
