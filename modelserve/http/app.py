@@ -183,6 +183,9 @@ def create_app(
 
         app = modelserve.create_app("examples/iris")
 
+    The project folder becomes the working directory; a relative `project_dir` is relative to the folder the
+    program was in, even after an earlier ``create_app`` moved into its own project folder.
+
     From a class, for tests and notebooks (``api_options`` are the keys of an API in modelserve.yaml)::
 
         app = modelserve.create_app(handler=MyModel, name="echo", config={"greeting": "hi"},
