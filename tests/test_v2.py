@@ -532,6 +532,31 @@ def test_protocols_turn_routes_off(tmp_path: Path, protocols: list[str]) -> None
         assert (native.status_code == 200) == ("native" in protocols)
 
 
+def test_a_cortex_handler_gets_the_tensors_as_its_payload(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    import modelserve
+
+    handler = """
+    import numpy as np
+
+
+    class Handler:
+        def __init__(self, config):
+            pass
+
+        def handle_post(self, payload):
+            return {"doubled": np.asarray(payload["x"]) * 2}
+    """
+    cortex = "- name: double\n  kind: RealtimeAPI\n  handler: {type: python, path: handler.py}\n"
+    root = write_project(tmp_path, {"cortex.yaml": cortex, "handler.py": handler})
+    with TestClient(modelserve.create_app(root)) as http:
+        tensor = {"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]}
+        answer = http.post("/v2/models/double/infer", json={"inputs": [tensor]}).json()
+        assert answer["outputs"] == [{"name": "doubled", "datatype": "FP32", "shape": [2], "data": [2.0, 4.0]}]
+        assert http.get("/v2/models/double").json()["platform"] == "python"
+
+
 def test_an_api_named_v2_is_refused() -> None:
     import modelserve
 
