@@ -4,6 +4,7 @@ leave it, and integers must fit the input's dtype (issue #16, item 5)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,23 @@ def test_integers_in_range_are_served_exactly(int_server: Any, body: str) -> Non
     assert [int(x) for x in answer.json()["out"]] == [
         int(float(x)) if "." in x else int(x) for x in body[1:-1].split(",")
     ]
+
+
+@pytest.mark.parametrize(
+    "dtype, value, shown",
+    [
+        ("uint64", [-1], "-1"),
+        ("uint64", [1.8446744073709552e19], "1.8446744073709552e+19"),  # 2**64 as a JSON parser gives it
+        ("uint8", [300], "300"),
+        ("int32", [[1], [2**31]], "2147483648"),
+        ("int64", [[1, 2], [3, -(2**63) - 1]], "-9223372036854775809"),  # a Python int numpy cannot hold
+    ],
+)
+def test_the_converter_names_the_value_and_the_range(dtype: str, value: Any, shown: str) -> None:
+    import numpy as np
+
+    from modelserve.runtimes._tensors import _Unusable, converter_for
+
+    info = np.iinfo(dtype)
+    with pytest.raises(_Unusable, match=rf"holds {re.escape(shown)}, .*{info.min} to {info.max}"):
+        converter_for(np.dtype(dtype))(value)
