@@ -63,6 +63,14 @@ def test_a_cortex_handler_outside_the_project_is_refused(tmp_path: Path) -> None
         load_project_config(root)
 
 
+def test_a_cortex_python_path_outside_the_project_is_refused(tmp_path: Path) -> None:
+    outside_file(tmp_path)
+    handler = "handler: {type: python, path: model.py, python_path: ../elsewhere}"
+    root = write_project(tmp_path / "project", {"model.py": MODEL, "cortex.yaml": f"- name: m\n  {handler}\n"})
+    with pytest.raises(ConfigError, match="key 'python_path': '../elsewhere' leads to .* outside the project folder"):
+        load_project_config(root)
+
+
 def test_a_truss_model_file_symlinked_outside_the_project_is_refused(tmp_path: Path) -> None:
     evil = outside_file(tmp_path)
     root = write_project(tmp_path / "project", {"config.yaml": "model_name: m\n"})

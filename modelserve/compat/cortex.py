@@ -354,7 +354,12 @@ class _Reader:
             self.problems.add(where, "key 'env': expected a mapping of names to strings")
         python_path = block.get("python_path")
         if isinstance(python_path, str) and python_path:
-            if (self.root / python_path).is_dir():
+            outside = outside_project(self.root, python_path)
+            if outside is not None:  # its modules are user code, which must be in the project
+                self.problems.add(
+                    where, f"key 'python_path': {python_path!r} leads to {str(outside)!r}, outside the project folder"
+                )
+            elif (self.root / python_path).is_dir():
                 api.python_path = [python_path]
             else:
                 self.problems.add(where, f"key 'python_path': folder {python_path!r} not found in {self.root}")
