@@ -205,3 +205,18 @@ def test_private_network_preflights_need_their_own_setting() -> None:
     assert (b"access-control-allow-private-network", b"true") in allowed.preflight(
         ALLOWED.encode(), b"POST", None, True
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cors-origin", "app.example"], "--cors-origin: expected an origin like 'https://app.example.com'"),
+        (["--cors-origin", "https://app.example/"], "no path"),
+        (["--api-key-env", "not a name"], "--api-key-env: expected the name of an environment variable"),
+    ],
+)
+def test_command_line_mistakes_exit_2(tmp_path: Path, start_server: Any, args: list[str], message: str) -> None:
+    server = start_server(write_project(tmp_path / "project", {"model.py": MODEL}), *args)
+    assert server.wait_exit() == 2
+    assert message in server.log
