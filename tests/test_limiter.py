@@ -1,0 +1,140 @@
+"""The limiter without HTTP: `Limiter.run` hands a slot from one worker thread's work to the next waiting work
+in the same thread, keeps FIFO and max_concurrency, and gives slots back on every way out."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from modelserve.errors import QueueFull
+from modelserve.limiter import Limiter
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def work(log: list[Any], name: str, seconds: float = 0.0, keep: bool = False, fail: bool = False) -> Any:
+    def call() -> tuple[Any, bool]:
+        log.append((name, threading.get_ident(), time.perf_counter()))
+        time.sleep(seconds)
+        if fail:
+            raise ValueError(name)
+        return name, keep
+
+    return call
+
+
+async def test_a_freed_slot_runs_the_next_waiting_work_in_the_same_thread_and_in_order() -> None:
+    limiter = Limiter(1, 10)
+    log: list[Any] = []
+    calls = [asyncio.ensure_future(limiter.run(work(log, str(i), 0.02))) for i in range(4)]
+    results = await asyncio.gather(*calls)
+    assert results == [(str(i), False) for i in range(4)]
+    assert [name for name, _, _ in log] == ["0", "1", "2", "3"]  # FIFO
+    assert len({thread for _, thread, _ in log}) == 1  # handed over in the thread, not through the loop
+    assert limiter.running == 0 and limiter.waiting == 0
+
+
+async def test_max_concurrency_holds_across_the_hand_over() -> None:
+    limiter = Limiter(2, 20)
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def call() -> tuple[Any, bool]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.005)
+        with lock:
+            running -= 1
+        return None, False
+
+    await asyncio.gather(*(limiter.run(call) for _ in range(20)))
+    assert most == 2
+    assert limiter.running == 0
+
+
+async def test_a_full_line_refuses_and_a_failure_gives_the_slot_back() -> None:
+    limiter = Limiter(1, 1)
+    log: list[Any] = []
+    first = asyncio.ensure_future(limiter.run(work(log, "a", 0.05, fail=True)))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(limiter.run(work(log, "b")))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull):
+        await limiter.run(work(log, "c"))
+    with pytest.raises(ValueError, match="a"):
+        await first
+    assert await second == ("b", False)
+    assert limiter.running == 0 and limiter.rejected == 1
+
+
+async def test_a_cancelled_waiting_work_never_runs() -> None:
+    limiter = Limiter(1, 10)
+    log: list[Any] = []
+    first = asyncio.ensure_future(limiter.run(work(log, "a", 0.05)))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(limiter.run(work(log, "b")))
+    await asyncio.sleep(0)
+    second.cancel()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    await asyncio.sleep(0.02)
+    assert [name for name, _, _ in log] == ["a"]
+    assert limiter.running == 0 and limiter.waiting == 0
+
+
+async def test_kept_slots_stay_until_released_and_then_go_to_the_next_waiter() -> None:
+    limiter = Limiter(1, 10)
+    log: list[Any] = []
+    assert await limiter.run(work(log, "stream", keep=True)) == ("stream", True)
+    assert limiter.running == 1
+    waiter = asyncio.ensure_future(limiter.run(work(log, "next")))
+    await asyncio.sleep(0.02)
+    assert not waiter.done()
+    limiter.release()
+    assert await waiter == ("next", False)
+    assert limiter.running == 0
+
+
+async def test_a_thread_hands_its_slot_to_an_acquire_waiter_through_the_loop() -> None:
+    limiter = Limiter(1, 10)
+    released: list[bool] = []
+    limiter.on_release = lambda: released.append(True)
+    log: list[Any] = []
+    running = asyncio.ensure_future(limiter.run(work(log, "a", 0.02)))
+    await asyncio.sleep(0.005)
+    acquired = asyncio.ensure_future(limiter.acquire())
+    await running
+    await asyncio.wait_for(acquired, 1)
+    assert limiter.running == 1 and not released
+    limiter.release()
+    assert limiter.running == 0 and released == [True]
+
+
+async def test_the_bytes_of_admitted_waiting_work_count_until_it_runs() -> None:
+    limiter = Limiter(1, 10, max_queued_bytes=100)
+    log: list[Any] = []
+    limiter.admit(60)
+    first = asyncio.ensure_future(limiter.run(work(log, "a", 0.05), admitted=60))
+    await asyncio.sleep(0.01)
+    assert limiter.queued_bytes == 0  # running: no longer waiting
+    limiter.admit(60)
+    second = asyncio.ensure_future(limiter.run(work(log, "b"), admitted=60))
+    await asyncio.sleep(0)
+    assert limiter.queued_bytes == 60
+    with pytest.raises(QueueFull, match="max_queued_bytes"):
+        limiter.admit(50)
+    await asyncio.gather(first, second)
+    assert limiter.queued_bytes == 0 and limiter.admitted == 0
