@@ -135,11 +135,12 @@ class Guard:
         return cls(app, table, hosts, cors, keys, metrics)
 
     def access(self, path: str) -> Access:
+        """What a request to `path` must carry: its route's access (decided once), or an unknown path's."""
         access = self._access.get(path)
         if access is None:
             assert self.keys is not None
             found = self.table.match(path)
-            access = self.keys.access_of(None if found is None else found[0], path)
+            access = self.keys.access_of(None, path) if found is None else self._access[found[0].path]
         return access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
