@@ -8,13 +8,15 @@ log off, one worker) on a free loopback port:
 * ``ms-sync``: the same echo Model with a sync ``predict`` (modelserve runs it in the thread pool);
 * ``bare-sync``: the same route calling the echo through ``run_in_threadpool``;
 * with ``--guard``, ``ms-guard``: ms-async with an API key, CORS and the Host check on (issue 20); then every
-  server is sent the key (``X-API-Key``) and an allowed ``Origin``, and the bare routes ignore them.
+  server is sent the key (``X-API-Key``) and an allowed ``Origin``, and the bare routes ignore them;
+* with ``--typed``, ``ms-typed``: ms-async whose ``predict`` takes and returns a pydantic model of the body
+  (issue 17): the cost of validating the body and encoding the answer from the model.
 
 wrk posts a small JSON body (a lua script) at each concurrency, a few seconds per run, the servers taking
 turns; every cell is the median over the repeats. The ratio is modelserve's requests/s over the bare route's.
 The server's CPU time per request is measured too: on a shared machine it is steadier than requests/s.
 
-    python benchmarks/overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin] [--guard]
+    python benchmarks/overhead.py [--duration 3] [--repeats 3] [--concurrency 1,16,64] [--pin] [--guard] [--typed]
 
 ``--pin`` (the default on machines with 2 or more cores) runs the servers on CPU 0 and wrk on CPU 1, so
 that the load generator does not steal the server's core.
@@ -41,6 +43,21 @@ GUARD_HEADERS = {"X-API-Key": KEY, "Origin": ORIGIN}
 MS_ASYNC = """
 class Model:
     async def predict(self, inputs):
+        return inputs
+"""
+
+MS_TYPED = """
+from pydantic import BaseModel
+
+
+class Body(BaseModel):
+    text: str
+    values: list[int]
+    flag: bool
+
+
+class Model:
+    async def predict(self, inputs: Body) -> Body:
         return inputs
 """
 
@@ -104,11 +121,13 @@ def uvicorn_settings() -> list[str]:
     return ["--http", "httptools", "--loop", loop, "--no-access-log", "--log-level", "warning"]
 
 
-def write_servers(root: Path, guard: bool) -> Path:
+def write_servers(root: Path, guard: bool, typed: bool = False) -> Path:
     """The projects, the bare app and the wrk script (returned)."""
     projects = [("ms_async", MS_ASYNC, ""), ("ms_sync", MS_SYNC, "")]
     if guard:
         projects.append(("ms_guard", MS_ASYNC, GUARD_YAML))
+    if typed:
+        projects.append(("ms_typed", MS_TYPED, ""))
     for name, model, extra in projects:
         project = root / name
         project.mkdir()
@@ -125,7 +144,7 @@ def write_servers(root: Path, guard: bool) -> Path:
     return guarded
 
 
-def commands(root: Path, guard: bool) -> dict[str, list[str]]:
+def commands(root: Path, guard: bool, typed: bool = False) -> dict[str, list[str]]:
     settings = uvicorn_settings()
     modelserve = [sys.executable, "-m", "modelserve"]
     # modelserve's CLI runs uvicorn with its defaults (httptools and uvloop when installed, one worker).
@@ -139,6 +158,8 @@ def commands(root: Path, guard: bool) -> dict[str, list[str]]:
     }
     if guard:
         servers["ms-guard"] = [*modelserve, str(root / "ms_guard"), *ms]
+    if typed:
+        servers["ms-typed"] = [*modelserve, str(root / "ms_typed"), *ms]
     return servers
 
 
@@ -159,6 +180,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64", help="wrk connections, comma-separated")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
     parser.add_argument("--guard", action="store_true", help="add ms-guard: ms-async with API keys, CORS, Host check")
+    parser.add_argument("--typed", action="store_true", help="add ms-typed: ms-async validating a pydantic model")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
@@ -169,10 +191,11 @@ def main() -> None:
     results: dict[tuple[str, int], list[Run]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        script = write_servers(root, args.guard)
+        script = write_servers(root, args.guard, args.typed)
         os.environ["OVERHEAD_API_KEYS"] = KEY
         servers = [
-            ServerProcess(name, command, root, server_cpu) for name, command in commands(root, args.guard).items()
+            ServerProcess(name, command, root, server_cpu)
+            for name, command in commands(root, args.guard, args.typed).items()
         ]
         try:
             for server in servers:
@@ -204,6 +227,9 @@ def main() -> None:
             if pair == "async" and args.guard:
                 guarded = median_run(results[("ms-guard", connections)])
                 print(f"{'':<7}{'':>5}  {'ms+guard':<11}{row(guarded)}{guarded.rps / bare.rps:>7.2f}x")
+            if pair == "async" and args.typed:
+                typed = median_run(results[("ms-typed", connections)])
+                print(f"{'':<7}{'':>5}  {'ms+typed':<11}{row(typed)}{typed.rps / bare.rps:>7.2f}x")
             print(f"{'':<7}{'':>5}  {'bare':<11}{row(bare)}")
 
 
