@@ -122,13 +122,16 @@ class BatchThreads:
             if job is None:
                 return
             fn, args, done = job
+            error: BaseException | None = None
             try:
                 result = fn(*args)
             except BaseException as exc:  # noqa: B036 - user code's SystemExit fails its batch, not the thread
-                done(None, exc)
-            else:
-                done(result, None)
-            del job, fn, args, done  # nothing of a finished batch stays alive while the thread waits
+                result, error = None, exc
+            try:
+                done(result, error)
+            except RuntimeError:  # the event loop is closed (the server stopped while the batch ran)
+                logger.debug("batch thread of api '%s': a batch ended after the event loop closed", self.name)
+            del job, fn, args, done, result, error  # nothing of a finished batch stays alive while the thread waits
 
     def close(self) -> None:
         """Let the threads end once the jobs already queued have run."""

@@ -19,6 +19,7 @@ import logging
 import time
 import typing
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -189,6 +190,11 @@ class ModelFileBackend(Backend):
             raise LoadError(f"{self.label}: {self.config.path}: {exc}") from None
         await anyio.to_thread.run_sync(self._warm_up, self.model)
         self.pipeline = self._build_pipeline()
+        if self.threads is not None:
+            # The batch threads start off the loop, each warmed by a call with zeros: a GPU runtime builds
+            # per-thread state on a thread's first call.
+            zeros = {spec.name: spec.example() for spec in self.model.inputs}
+            await anyio.to_thread.run_sync(partial(self.threads.start, warm=partial(self.model.run, zeros)))
 
     def _load_model(self) -> LoadedModel:
         adapter = runtimes.adapter(self.config.format)
@@ -307,9 +313,7 @@ class ModelFileBackend(Backend):
         stacked = Adaptive("run (stacked)", alone.threshold, self.label)
         # The model's calls in threads of the API's own, each warmed by a call at load (a GPU runtime builds
         # per-thread state on a thread's first call).
-        zeros = {spec.name: spec.example() for spec in model.inputs}
         self.threads = BatchThreads(self.api.name, self.api.max_concurrency)
-        self.threads.start(warm=lambda: run(zeros))
         alone.threads = stacked.threads = self.threads
 
         async def run_alone(feeds: dict[str, Any]) -> Any:
