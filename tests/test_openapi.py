@@ -407,3 +407,28 @@ def test_a_generated_client_gets_the_typed_answer_and_the_typed_400(start_server
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=iris_client, timeout=60)
     assert done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_savedmodel_without_hooks_is_described_by_its_signature(tmp_path: Path) -> None:
+    from tests.models import iris_saved_model
+
+    iris_saved_model(tmp_path / "iris")
+    (tmp_path / "modelserve.yaml").write_text("apis:\n  - {name: iris, model: {path: iris, format: tensorflow}}\n")
+    document = fetch(tmp_path, "/openapi.json")[0].json()
+    validate(document)
+    post = document["paths"]["/iris"]["post"]
+    keyed = post["requestBody"]["content"]["application/json"]["schema"]["anyOf"][0]
+    rows = keyed["properties"]["x"]
+    assert rows["minItems"] == 1 and (rows["items"]["minItems"], rows["items"]["maxItems"]) == (4, 4)
+    assert rows["items"]["items"]["format"] == "float32"
+    answer = post["responses"]["200"]["content"]["application/json"]["schema"]
+    assert set(answer["properties"]) == {"label", "probabilities"}
+
+
+@pytest.mark.slow
+def test_the_no_docs_flag(start_server: Any) -> None:
+    server = start_server(EXAMPLES / "iris", "--no-docs")
+    server.wait_ready()
+    assert httpx.get(server.url + "/docs").status_code == 404
+    assert "/docs" not in httpx.get(server.url + "/openapi.json").json()["paths"]
