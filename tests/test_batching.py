@@ -176,6 +176,9 @@ class Model:
     def __init__(self):
         self.threads = []
 
+    def load(self):
+        self.loaded_on = threading.get_ident()  # a warm-up call here warms the thread that runs predict
+
     def preprocess(self, inputs):
         self.threads.append(("preprocess", threading.get_ident()))
         if inputs.get("fail") == "preprocess":
@@ -225,6 +228,7 @@ def test_a_batch_runs_every_sync_stage_on_the_apis_own_warm_thread(lean) -> None
     client, backend = lean
     threads = backend.batcher.threads
     assert len(threads.idents) == 1  # started at load, before any request
+    assert backend.instance.loaded_on == threads.idents[0]
     backend.instance.threads.clear()
     for x in range(5):  # one at a time: each a lone request
         answer = client.post("/lean", json={"x": x}, headers={"x-request-id": f"lone-{x}"})

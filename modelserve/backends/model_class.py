@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from modelserve import devices
 from modelserve.backends import Backend, resolve_class
-from modelserve.batching import Batcher, Failed
+from modelserve.batching import Batcher, BatchThreads, Failed
 from modelserve.context import RequestContext, current
 from modelserve.errors import (
     BatchSizeMismatch,
@@ -113,10 +113,13 @@ def construct(cls: type, label: str, available: dict[str, Any]) -> Any:
         raise LoadError(f"{label}: {cls.__name__}() raised {describe_error(exc)}") from exc
 
 
-async def call_load(instance: Any, label: str, is_async: bool) -> None:
+async def call_load(instance: Any, label: str, is_async: bool, threads: BatchThreads | None = None) -> None:
+    """Run the instance's ``load()``: on the loop when async, else in a thread (one of `threads` when given)."""
     try:
         if is_async:
             await instance.load()
+        elif threads is not None:
+            await threads.run_here(instance.load)
         else:
             await anyio.to_thread.run_sync(instance.load)
     except Exception as exc:
@@ -161,6 +164,8 @@ class ModelClassBackend(Backend):
         self.metrics_client = metrics_client
         self.api_metrics = api_metrics
         self.instance: Any = None
+        #: With batching and a sync predict: the API's own threads (`BatchThreads`), started by `load`.
+        self.threads: BatchThreads | None = None
         #: Where the API's code runs in this process (`modelserve.devices`); the CPU until loaded.
         self.device = devices.CPU
         check_constructor(self.cls, self.label)
@@ -183,12 +188,19 @@ class ModelClassBackend(Backend):
     async def load(self) -> None:
         self.device = devices.assign(self.api.devices)
         devices.place(self.api.name, self.device)
+        predict = self.spec.stage("predict")
+        if self.api.batching is not None and predict is not None and not predict.is_async:
+            # The batch threads start before load(), which runs on the first of them: a warm-up call made in
+            # load() warms the thread that runs predict (a GPU runtime builds per-thread state on a thread's
+            # first call).
+            self.threads = BatchThreads(self.api.name, self.api.max_concurrency)
+            await anyio.to_thread.run_sync(self.threads.start)
         token = devices.enter(self.api.name)  # modelserve.device() in the constructor and load() knows the API
         try:
             available = constructor_arguments(self.api, self.root, self.metrics_client)
             self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
             if self.spec.has_load:
-                await call_load(self.instance, self.label, self.spec.load_is_async)
+                await call_load(self.instance, self.label, self.spec.load_is_async, self.threads)
         finally:
             devices.leave(token)
         self.pipeline = self.build_pipeline(self.instance)
@@ -245,7 +257,7 @@ class ModelClassBackend(Backend):
             run = _BatchRun(
                 self.api.name, stages[:index], predict.call, stages[index + 1 :], self.api_metrics.stage_timer
             )
-            self.batcher = Batcher(sync_call=run, **options)
+            self.batcher = Batcher(sync_call=run, threads=self.threads, **options)
         elif predict.is_async:
             call = predict.call
 
@@ -255,7 +267,7 @@ class ModelClassBackend(Backend):
             self.batcher = Batcher(call_batch, **options)
         else:
             call = predict.call
-            self.batcher = Batcher(sync_call=lambda items: call(items, None), **options)
+            self.batcher = Batcher(sync_call=lambda items: call(items, None), threads=self.threads, **options)
         if self.batcher.threads is not None:
             self.batcher.threads.start()
         submit = self.batcher.submit
