@@ -189,9 +189,11 @@ def _stream_answer(item: Any, item_type: Any) -> dict[str, Any]:
 
 def _model_class_body(builder: _Builder, api: Api) -> Body:
     spec = api.backend.spec  # type: ignore[attr-defined]
+    # A batched predict is annotated with the batch (list[X]), not with one request's body or answer.
+    batched = api.config.batching is not None
     body: dict[str, Any] | None = None
     if spec.needs_inputs:
-        typed = spec.input_type
+        typed = None if batched and spec.stages[0].name == "predict" else spec.input_type
         if typed is None:
             body = _any_body()
         elif typed.annotation is str:
@@ -203,7 +205,7 @@ def _model_class_body(builder: _Builder, api: Api) -> Body:
             body = {"required": True, "content": _json(builder.schema_of(typed))}
     elif spec.needs_request:
         body = {"required": False, "content": {"*/*": {}}}
-    out = spec.output_type
+    out = None if batched and spec.stages[-1].name == "predict" else spec.output_type
     if api.backend.streams:
         item = builder.schema_of(out, "serialization")
         return body, _stream_answer(item, out.annotation if out is not None else Any)

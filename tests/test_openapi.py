@@ -432,3 +432,23 @@ def test_the_no_docs_flag(start_server: Any) -> None:
     server.wait_ready()
     assert httpx.get(server.url + "/docs").status_code == 404
     assert "/docs" not in httpx.get(server.url + "/openapi.json").json()["paths"]
+
+
+class Batched:
+    def predict(self, rows: list[dict[str, int]]) -> list[int]:
+        return [len(row) for row in rows]
+
+
+def test_a_batched_predict_annotates_the_batch_not_the_body() -> None:
+    from modelserve.config import BatchingConfig
+
+    async def run() -> dict[str, Any]:
+        app = create_app(handler=Batched, name="batched", batching=BatchingConfig(max_batch_size=4, max_wait_ms=5))
+        await app.server.wait_loaded()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+            assert (await client.post("/batched", json={"a": 1})).json() == 1
+            return dict((await client.get("/openapi.json")).json())
+
+    post = asyncio.run(run())["paths"]["/batched"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {}  # one request's body: any JSON
+    assert post["responses"]["200"]["content"]["application/json"]["schema"] == {}
