@@ -452,3 +452,22 @@ def test_a_batched_predict_annotates_the_batch_not_the_body() -> None:
     post = asyncio.run(run())["paths"]["/batched"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {}  # one request's body: any JSON
     assert post["responses"]["200"]["content"]["application/json"]["schema"] == {}
+
+
+def test_under_a_mount_the_document_names_its_server_and_the_page_its_files() -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    async def run() -> tuple[dict[str, Any], str]:
+        inner = create_app(EXAMPLES / "iris")
+        await inner.server.wait_loaded()
+        parent = Starlette(routes=[Mount("/ml", app=inner)])
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(parent), base_url="http://test") as client:
+            document = (await client.get("/ml/openapi.json")).json()
+            page = (await client.get("/ml/docs")).text
+            return document, page
+
+    document, page = asyncio.run(run())
+    assert document["servers"] == [{"url": "/ml"}]
+    assert "/iris" in document["paths"]
+    assert 'src="docs/swagger-ui-bundle.js"' in page  # relative: /ml/docs/swagger-ui-bundle.js
