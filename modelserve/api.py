@@ -66,7 +66,7 @@ class Api:
             admitted = (config.max_concurrency + 1) * config.batching.max_batch_size
         else:
             admitted = config.max_concurrency
-        self.limiter = Limiter(admitted, config.max_queue_length, config.max_queued_bytes)
+        self.limiter = Limiter(admitted, config.max_queue_length, config.max_queued_bytes, config.max_queue_wait)
         self.watchdog = Watchdog()
         #: on_disconnect: notify tells running user code (is_cancelled) instead of cancelling it.
         self.notify = config.on_disconnect == "notify"

@@ -98,6 +98,8 @@ class ApiConfig:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     #: Body bytes the requests waiting for this API may hold together; beyond, 503 before reading a body.
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    #: Seconds a request may wait in the line; one whose turn comes later gets 503 instead (None: no bound).
+    max_queue_wait: float | None = None
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
     #: What a client's disconnect does to running async user code: "cancel" it, or "notify" it (is_cancelled).
@@ -383,6 +385,7 @@ _API_KEYS = {
     "timeout",
     "max_body_size",
     "max_queued_bytes",
+    "max_queue_wait",
     "result_ttl",
     "batching",
     "data_dir",
@@ -588,6 +591,7 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.timeout = problems.take(raw, "timeout", _positive_number, where)
     api.max_body_size = problems.take(raw, "max_body_size", _positive_int, where, api.max_body_size)
     api.max_queued_bytes = problems.take(raw, "max_queued_bytes", _positive_int, where, api.max_queued_bytes)
+    api.max_queue_wait = problems.take(raw, "max_queue_wait", _positive_number, where)
     api.result_ttl = problems.take(raw, "result_ttl", _positive_number, where, api.result_ttl)
     if raw.get("batching") is not None:
         api.batching = _parse_batching(raw["batching"], where, problems)

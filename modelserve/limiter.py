@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -33,15 +34,24 @@ Work = Callable[[], "tuple[Any, bool]"]
 class _Turn:
     """A `run` call's place in the line: its work, run by whichever thread hands it the slot."""
 
-    __slots__ = ("work", "size", "context", "future", "loop")
+    __slots__ = ("work", "size", "since", "context", "future", "loop")
 
     def __init__(self, work: Work, size: int, loop: asyncio.AbstractEventLoop) -> None:
         self.work = work
         #: The body bytes it holds while it waits (counted in `Limiter.queued_bytes`).
         self.size = size
+        self.since = time.monotonic()
         self.context = contextvars.copy_context()
         self.loop = loop
         self.future: asyncio.Future[tuple[Any, bool]] = loop.create_future()
+
+
+class _Waiter(asyncio.Future):  # type: ignore[type-arg]
+    """An `acquire` call's place in the line: a future that knows since when it waits."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.since = time.monotonic()
 
 
 class Limiter:
@@ -63,11 +73,20 @@ class Limiter:
         "_lock",
         "rejected",
         "on_release",
+        "max_queue_wait",
     )
 
-    def __init__(self, max_concurrency: int, max_queue_length: int, max_queued_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        max_concurrency: int,
+        max_queue_length: int,
+        max_queued_bytes: int | None = None,
+        max_queue_wait: float | None = None,
+    ) -> None:
         self.max_concurrency = max_concurrency
         self.max_queue_length = max_queue_length
+        #: A waiter whose turn comes after waiting longer than this (seconds) is refused instead (None: never).
+        self.max_queue_wait = max_queue_wait
         #: The bound on the body bytes of admitted requests that do not run yet (None: no bound).
         self.max_queued_bytes = max_queued_bytes
         self.running = 0
@@ -76,8 +95,8 @@ class Limiter:
         #: Body bytes of the admitted requests that do not run yet.
         self.queued_bytes = 0
         self.rejected = 0
-        #: Waiting calls, oldest first: a future (`acquire`) or a `_Turn` (`run`).
-        self._waiters: deque[asyncio.Future[None] | _Turn] = deque()
+        #: Waiting calls, oldest first: a `_Waiter` (`acquire`) or a `_Turn` (`run`).
+        self._waiters: deque[_Waiter | _Turn] = deque()
         self._lock = threading.Lock()
         #: Called on the event loop when a slot becomes free (not when it is handed to a waiter): the jobs
         #: worker claims then.
@@ -138,12 +157,12 @@ class Limiter:
         with self._lock:
             if self._enter(admitted):
                 return
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            future = _Waiter(asyncio.get_running_loop())
             self._waiters.append(future)
         try:
             await future
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self.release()  # the slot was handed to us just as we were cancelled: pass it on
             else:
                 self._drop(future)  # still waiting; or a thread is handing it over, and `_hand` passes it on
@@ -179,7 +198,7 @@ class Limiter:
                 self._drop(turn)  # when a thread took it, the thread gives the slot back after the work
             raise
 
-    def _drop(self, waiter: asyncio.Future[None] | _Turn) -> None:
+    def _drop(self, waiter: _Waiter | _Turn) -> None:
         with self._lock:
             try:
                 self._waiters.remove(waiter)
@@ -216,10 +235,13 @@ class Limiter:
     def _next(self, loop: asyncio.AbstractEventLoop) -> _Turn | None:
         """Give a slot back from a worker thread: the next `run` call's turn to run in this thread, if any."""
         with self._lock:
-            if self._waiters:
+            while self._waiters:
                 waiter = self._waiters.popleft()
                 if isinstance(waiter, _Turn):
                     self.queued_bytes -= waiter.size
+                    if self._too_late(waiter):
+                        loop.call_soon_threadsafe(self._deliver, waiter.future, False, self._late())
+                        continue
                     return waiter
                 loop.call_soon_threadsafe(self._hand, waiter)
                 return None
@@ -228,9 +250,23 @@ class Limiter:
             loop.call_soon_threadsafe(self.on_release)
         return None
 
-    def _hand(self, future: asyncio.Future[None]) -> None:
-        """On the loop: give a slot a thread released to `future`'s waiter, or on if it has left."""
+    def _too_late(self, waiter: _Waiter | _Turn) -> bool:
+        """Under the lock: True when `waiter` waited past `max_queue_wait` (it is refused, the slot goes on)."""
+        if self.max_queue_wait is None or time.monotonic() - waiter.since <= self.max_queue_wait:
+            return False
+        self.rejected += 1
+        return True
+
+    def _late(self) -> QueueFull:
+        return QueueFull(f"waited longer than this API's max_queue_wait of {self.max_queue_wait:g} s; retry later")
+
+    def _hand(self, future: _Waiter) -> None:
+        """On the loop: give a slot a thread released to `future`'s waiter, or on if it has left (or is late)."""
         if future.done():
+            self.release()
+        elif self.max_queue_wait is not None and time.monotonic() - future.since > self.max_queue_wait:
+            self.rejected += 1
+            future.set_exception(self._late())
             self.release()
         else:
             future.set_result(None)
@@ -242,8 +278,14 @@ class Limiter:
                 waiter = self._waiters.popleft()
                 if isinstance(waiter, _Turn):
                     self.queued_bytes -= waiter.size
+                    if self._too_late(waiter):
+                        self._deliver(waiter.future, False, self._late())
+                        continue
                     break
                 if not waiter.done():
+                    if self._too_late(waiter):
+                        waiter.set_exception(self._late())
+                        continue
                     waiter.set_result(None)
                     return
             else:

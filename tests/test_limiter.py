@@ -138,3 +138,30 @@ async def test_the_bytes_of_admitted_waiting_work_count_until_it_runs() -> None:
         limiter.admit(50)
     await asyncio.gather(first, second)
     assert limiter.queued_bytes == 0 and limiter.admitted == 0
+
+
+async def test_a_waiter_whose_turn_comes_after_max_queue_wait_is_refused_and_the_slot_goes_on() -> None:
+    limiter = Limiter(1, 10, max_queue_wait=0.03)
+    log: list[Any] = []
+    first = asyncio.ensure_future(limiter.run(work(log, "a", 0.06)))
+    await asyncio.sleep(0.01)
+    late = asyncio.ensure_future(limiter.run(work(log, "late")))  # waits about 0.05 s: too long
+    late_acquire = asyncio.ensure_future(limiter.acquire())
+    await asyncio.sleep(0.04)
+    in_time = asyncio.ensure_future(limiter.run(work(log, "in time")))  # waits about 0.01 s
+    await first
+    with pytest.raises(QueueFull, match="max_queue_wait of 0.03 s"):
+        await late
+    with pytest.raises(QueueFull, match="max_queue_wait"):
+        await late_acquire
+    assert await in_time == ("in time", False)
+    assert [name for name, _, _ in log] == ["a", "in time"]
+    assert limiter.running == 0 and limiter.waiting == 0 and limiter.rejected == 2
+
+
+def test_config_refuses_a_bad_max_queue_wait(tmp_path: Any) -> None:
+    from modelserve.config import parse_project
+    from modelserve.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_queue_wait"):
+        parse_project({"apis": [{"name": "a", "handler": {"path": "m.py"}, "max_queue_wait": 0}]}, tmp_path)
