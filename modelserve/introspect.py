@@ -44,7 +44,8 @@ class StageSpec:
     output_type: TypedValue | None = None
 
     def bind(self, instance: Any) -> Callable[..., Any]:
-        return getattr(instance, self.name)
+        method: Callable[..., Any] = getattr(instance, self.name)
+        return method
 
 
 @dataclass(frozen=True)

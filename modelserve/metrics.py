@@ -56,7 +56,7 @@ class Metrics:
         self.multiprocess = self.directory is not None
         self.registry = CollectorRegistry(auto_describe=True)
         if self.multiprocess:
-            multiprocess.MultiProcessCollector(self.registry)
+            multiprocess.MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]  # untyped upstream
         # In multiprocess mode the values live in files and the collector reads them: families must not be
         # registered a second time.
         owner = None if self.multiprocess else self.registry
@@ -182,7 +182,7 @@ class Metrics:
             self._flusher = None
         self.flush()
         if self.directory is not None:
-            multiprocess.mark_process_dead(os.getpid(), self.directory)
+            multiprocess.mark_process_dead(os.getpid(), self.directory)  # type: ignore[no-untyped-call]  # untyped upstream
 
     async def _flush_periodically(self) -> None:
         while True:
@@ -481,7 +481,7 @@ def _forget_dead_workers(directory: str) -> None:
         if digits.isdigit():
             pids.add(int(digits))
     for pid in _dead(pids):
-        multiprocess.mark_process_dead(pid, directory)
+        multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]  # untyped upstream
 
 
 def _dead(pids: Iterable[int]) -> list[int]:

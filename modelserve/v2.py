@@ -56,7 +56,8 @@ def bfloat16() -> np.dtype[Any]:
         import ml_dtypes
     except ImportError:
         raise BadRequest("BF16 tensors need the ml_dtypes package on the server (pip install ml_dtypes)") from None
-    return np.dtype(ml_dtypes.bfloat16)
+    bfloat16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+    return bfloat16
 
 
 def datatype_of(dtype: np.dtype[Any]) -> str:

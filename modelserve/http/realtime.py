@@ -17,9 +17,9 @@ from starlette.types import Receive, Scope, Send
 
 from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
-from modelserve.codecs import EncodeError, decode_payload, encode_result
+from modelserve.codecs import decode_payload, encode_result
 from modelserve.context import RequestContext, current
-from modelserve.errors import ServiceUnavailable, StreamAborted, UserCodeError
+from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import CLOSE, check_length, disconnected, read_body, request_headers, send_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from modelserve.codecs import EncodeError, encode_json
+from modelserve.codecs import encode_json
 from modelserve.context import RequestContext, current
-from modelserve.errors import ClientDisconnected, HTTPError, UserCodeError
+from modelserve.errors import ClientDisconnected, EncodeError, HTTPError, UserCodeError
 from modelserve.jobs.base import COMPLETED, FAILED, HEARTBEAT_SECONDS, ClaimedJob, JobStore
 
 if TYPE_CHECKING:
