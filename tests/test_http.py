@@ -138,24 +138,24 @@ def make_stage(form: str, is_async: bool, tag: str) -> Any:
                 return describe(inputs, None)
         else:
 
-            def stage(self, inputs):
+            def stage(self, inputs):  # type: ignore[misc]  # one variant per parametrized case
                 return describe(inputs, None)
     elif form == "inputs_request":
         if is_async:
 
-            async def stage(self, inputs, request: Request):
+            async def stage(self, inputs, request: Request):  # type: ignore[misc]  # one variant per parametrized case
                 return describe(inputs, request)
         else:
 
-            def stage(self, inputs, request: Request):
+            def stage(self, inputs, request: Request):  # type: ignore[misc]  # one variant per parametrized case
                 return describe(inputs, request)
     elif is_async:
 
-        async def stage(self, request: Request):
+        async def stage(self, request: Request):  # type: ignore[misc]  # one variant per parametrized case
             return describe(None, request)
     else:
 
-        def stage(self, request: Request):
+        def stage(self, request: Request):  # type: ignore[misc]  # one variant per parametrized case
             return describe(None, request)
 
     return stage

@@ -450,6 +450,7 @@ def test_sqlite_second_interruption_fails_the_job(tmp_path: Path, start_server: 
         server.stop(signal.SIGKILL)
     server = start_server(root)
     server.wait_ready()
+    assert job_id is not None
     failed = wait_status(server.url, job_id, {"failed"}, timeout=30)
     assert "interrupted twice" in failed["error"]
 
@@ -531,7 +532,8 @@ def test_redis_keys_carry_the_prefix_and_expire(tmp_path: Path, start_server: An
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert httpx.get(f"{server.url}/short/{job_id}").status_code == 404
-    assert all(name.startswith(prefix.encode()) for name in client.keys(f"{prefix}*"))
+    names = [name if isinstance(name, bytes) else name.encode() for name in client.keys(f"{prefix}*")]
+    assert all(name.startswith(prefix.encode()) for name in names)
     client.close()
 
 
