@@ -527,7 +527,7 @@ def test_unknown_constructor_argument_lists_what_can_be_asked_for() -> None:
     with pytest.raises(LoadError) as caught:
         check_constructor(UnknownArgument, "model.py:UnknownArgument")
     assert "requires ['tokenizer']" in str(caught.value)
-    listed = "config, data_dir, secrets, environment, lazy_data_resolver, metrics_client (or **kwargs)"
+    listed = "config, data_dir, secrets, environment, lazy_data_resolver, metrics_client, device (or **kwargs)"
     assert listed in str(caught.value)
 
 
