@@ -624,7 +624,7 @@ class KwargsOnly:
 
 async def test_a_kwargs_constructor_gets_everything(client_of: Any) -> None:
     client = await client_of(modelserve.create_app(handler=KwargsOnly, name="kw"))
-    names = ["config", "data_dir", "environment", "lazy_data_resolver", "metrics_client", "secrets"]
+    names = ["config", "data_dir", "device", "environment", "lazy_data_resolver", "metrics_client", "secrets"]
     assert (await client.post("/kw", json={})).json() == names  # Truss's arguments and modelserve's
 
 
