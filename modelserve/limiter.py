@@ -74,6 +74,7 @@ class Limiter:
         "rejected",
         "on_release",
         "max_queue_wait",
+        "_workers",
     )
 
     def __init__(
@@ -98,6 +99,9 @@ class Limiter:
         #: Waiting calls, oldest first: a `_Waiter` (`acquire`) or a `_Turn` (`run`).
         self._waiters: deque[_Waiter | _Turn] = deque()
         self._lock = threading.Lock()
+        #: Worker threads running turns (`_run_turns`). Only they change the limiter off the loop, and only the
+        #: loop starts them: while there is none, the loop skips the lock (measured: 0.5 us of every request).
+        self._workers = 0
         #: Called on the event loop when a slot becomes free (not when it is handed to a waiter): the jobs
         #: worker claims then.
         self.on_release: Callable[[], None] | None = None
@@ -109,20 +113,26 @@ class Limiter:
     def admit(self, size: int = 0) -> None:
         """Take a place in the line for a request whose body of `size` bytes is still to be read (0 when not
         known yet); `QueueFull` when it could not wait. Follow with `acquire(size)`, or `unadmit(size)`."""
-        with self._lock:
-            if self.running + len(self._waiters) + self.admitted >= self.max_concurrency + self.max_queue_length:
-                self.rejected += 1
-                raise QueueFull()
-            # One request alone is always admitted (max_body_size bounds it); beside others, the bytes are bounded.
-            bound = self.max_queued_bytes
-            if bound is not None and self.queued_bytes and self.queued_bytes + size > bound:
-                self.rejected += 1
-                raise QueueFull(
-                    "the requests waiting for this API hold too many bytes"
-                    f" (max_queued_bytes {self.max_queued_bytes}); retry later"
-                )
-            self.admitted += 1
-            self.queued_bytes += size
+        if self._workers:
+            with self._lock:
+                self._admit(size)
+        else:
+            self._admit(size)
+
+    def _admit(self, size: int) -> None:
+        if self.running + len(self._waiters) + self.admitted >= self.max_concurrency + self.max_queue_length:
+            self.rejected += 1
+            raise QueueFull()
+        # One request alone is always admitted (max_body_size bounds it); beside others, the bytes are bounded.
+        bound = self.max_queued_bytes
+        if bound is not None and self.queued_bytes and self.queued_bytes + size > bound:
+            self.rejected += 1
+            raise QueueFull(
+                "the requests waiting for this API hold too many bytes"
+                f" (max_queued_bytes {self.max_queued_bytes}); retry later"
+            )
+        self.admitted += 1
+        self.queued_bytes += size
 
     def unadmit(self, size: int = 0) -> None:
         """An admitted request leaves before `acquire` (its body was refused, or its client left)."""
@@ -154,7 +164,13 @@ class Limiter:
     async def acquire(self, admitted: int | None = None) -> None:
         """Wait for a slot. `admitted` is the size given to `admit` (None for a request never admitted, which
         is refused with `QueueFull` when the line is full)."""
-        with self._lock:
+        if self._workers:
+            with self._lock:
+                if self._enter(admitted):
+                    return
+                future = _Waiter(asyncio.get_running_loop())
+                self._waiters.append(future)
+        else:
             if self._enter(admitted):
                 return
             future = _Waiter(asyncio.get_running_loop())
@@ -183,7 +199,9 @@ class Limiter:
         turn = _Turn(work, admitted or 0, loop)
         with self._lock:
             now = self._enter(admitted)
-            if not now:
+            if now:
+                self._workers += 1
+            else:
                 self._waiters.append(turn)
         if now:
             _threads.submit(self._run_turns, turn)
@@ -221,6 +239,8 @@ class Limiter:
             # The slot is given back before the caller learns the outcome: a call that returned has its slot back.
             turn = None if keep else self._next(loop)
             loop.call_soon_threadsafe(self._deliver, future, ok, value)
+        with self._lock:
+            self._workers -= 1
 
     def _deliver(self, future: asyncio.Future[tuple[Any, bool]], ok: bool, value: Any) -> None:
         """On the loop: a `run` call's outcome to its caller."""
@@ -273,25 +293,33 @@ class Limiter:
 
     def release(self) -> None:
         """Give a slot back (on the event loop)."""
-        with self._lock:
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if isinstance(waiter, _Turn):
-                    self.queued_bytes -= waiter.size
-                    if self._too_late(waiter):
-                        self._deliver(waiter.future, False, self._late())
-                        continue
-                    break
-                if not waiter.done():
-                    if self._too_late(waiter):
-                        waiter.set_exception(self._late())
-                        continue
-                    waiter.set_result(None)
-                    return
-            else:
-                self.running -= 1
-                waiter = None
-        if waiter is not None:
-            _threads.submit(self._run_turns, waiter)
-        elif self.on_release is not None:
+        if self._workers:
+            with self._lock:
+                handed = self._release()
+        else:
+            handed = self._release()
+        if isinstance(handed, _Turn):
+            _threads.submit(self._run_turns, handed)
+        elif handed is None and self.on_release is not None:
             self.on_release()
+
+    def _release(self) -> _Turn | bool | None:
+        """`release` under the lock (or with no thread running turns): the turn to start in a thread (counted in
+        `_workers`), True when a waiting `acquire` got the slot, None when the slot is free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if isinstance(waiter, _Turn):
+                self.queued_bytes -= waiter.size
+                if self._too_late(waiter):
+                    self._deliver(waiter.future, False, self._late())
+                    continue
+                self._workers += 1
+                return waiter
+            if not waiter.done():
+                if self._too_late(waiter):
+                    waiter.set_exception(self._late())
+                    continue
+                waiter.set_result(None)
+                return True
+        self.running -= 1
+        return None
