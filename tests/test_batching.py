@@ -257,7 +257,12 @@ def test_a_lone_request_is_handed_to_its_thread_in_the_same_turn_of_the_loop() -
 
     async def scenario() -> tuple[int, int, bool, list[int]]:
         calls: list[int] = []
-        batcher = Batcher(sync_call=lambda items: calls.append(len(items)) or items, name="t", max_batch_size=8)
+
+        def call(items: list[int]) -> list[int]:
+            calls.append(len(items))
+            return items
+
+        batcher = Batcher(sync_call=call, name="t", max_batch_size=8)
         batcher.threads.start()  # type: ignore[union-attr]
         lone = asyncio.ensure_future(batcher.submit(1))
         await asyncio.sleep(0)  # the request's task runs and queues its batch

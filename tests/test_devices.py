@@ -134,9 +134,9 @@ class SessionSpy:
     """Stands in for onnxruntime.InferenceSession: records what it was given, runs a real CPU session."""
 
     calls: list[dict[str, Any]] = []
+    real: Any = None  # the real InferenceSession
 
     def __new__(cls, path: str, options: Any = None, providers: Any = None, **kwargs: Any) -> Any:
-
         cls.calls.append({"providers": providers, "intra_op_threads": options.intra_op_num_threads})
         return cls.real(path, options, providers=["CPUExecutionProvider"])
 
@@ -146,7 +146,7 @@ def session_spy(monkeypatch: pytest.MonkeyPatch) -> type[SessionSpy]:
     import onnxruntime
 
     SessionSpy.calls = []
-    SessionSpy.real = onnxruntime.InferenceSession  # type: ignore[attr-defined]
+    SessionSpy.real = onnxruntime.InferenceSession
     monkeypatch.setattr(onnxruntime, "InferenceSession", SessionSpy)
     available = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: available)
