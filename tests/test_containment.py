@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ import httpx
 import pytest
 
 from modelserve.jobs.redis import _redacted
-from tests.conftest import free_port, write_project
+from tests.conftest import redis_server, write_project
 
 PASSWORD = "s3cret-pw-0451"
 
@@ -49,44 +47,8 @@ def test_the_sqlite_store_is_created_for_its_owner_only(tmp_path: Path, start_se
 
 @pytest.fixture
 def redis_with_password(tmp_path: Path) -> Iterator[int]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it)")
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--requirepass",
-            PASSWORD,
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port, password=PASSWORD)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise
-            time.sleep(0.05)
-    client.close()
-    yield port
-    process.terminate()
-    process.wait(10)
+    with redis_server(tmp_path, "--requirepass", PASSWORD) as port:
+        yield port
 
 
 def test_a_redis_password_in_the_url_never_shows(tmp_path: Path, start_server: Any, redis_with_password: int) -> None:

@@ -4,7 +4,6 @@ then what only the durable stores promise (restarts, kill -9, several processes)
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port, write_project
+from tests.conftest import free_port, redis_server, write_project
 
 HANDLER = """
 import asyncio
@@ -128,33 +127,8 @@ def wait_status(url: str, job_id: str, statuses: set[str], *, api: str = "jobs",
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it)")
-    port = free_port()
-    folder = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise
-            time.sleep(0.05)
-    client.close()
-    yield f"redis://127.0.0.1:{port}/0"
-    process.terminate()
-    process.wait(10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def store_arg(store: str, request: pytest.FixtureRequest) -> str:
