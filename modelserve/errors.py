@@ -21,6 +21,7 @@
         * `ClientDisconnected` (499, never sent): the client went away; the call was cancelled.
     * `RequestCancelled`: raised between stages of a call that was cancelled (timeout, disconnect, DELETE).
     * `StreamAborted`: a stream failed after it began; the transport ends it without a clean end.
+    * `HeadersTooLarge`: a request's headers pass ``--max-header-size`` (raised in the HTTP parser: a 400).
     * `EncodeError` (also a `TypeError`): a result of a type no encoder knows.
     * `StreamWithPostprocess` (also a `TypeError`): predict returned a stream where postprocess wants a value.
     * `SecretNotFound` (also a `KeyError`): user code read a secret that is not declared, or set nowhere.
@@ -179,6 +180,10 @@ class RequestCancelled(ModelserveError):
 
 class StreamAborted(ModelserveError):
     """Raised to the server after a failed stream, so that it ends the response without a clean end."""
+
+
+class HeadersTooLarge(ModelserveError):
+    """Raised in a parser callback: httptools turns it into a parser error, which uvicorn answers with 400."""
 
 
 class EncodeError(ModelserveError, TypeError):

@@ -27,6 +27,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from modelserve.errors import HeadersTooLarge
+
 #: The limits' defaults, as the CLI shows them.
 MAX_HEADER_SIZE = 32 * 1024
 HEADER_TIMEOUT = 10.0
@@ -43,10 +45,6 @@ class TransportLimits:
     header_timeout: float = HEADER_TIMEOUT
     #: Seconds from the end of a request's headers to the end of its body.
     body_timeout: float = BODY_TIMEOUT
-
-
-class HeadersTooLarge(Exception):
-    """Raised in a parser callback: httptools turns it into a parser error, which uvicorn answers with 400."""
 
 
 try:
