@@ -253,7 +253,7 @@ def _providers(value: Any) -> list[str | dict[str, dict[str, Any]]]:
 
 def _devices(value: Any) -> list[int] | str:
     if value == "auto":
-        return value
+        return "auto"
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
     if (
@@ -329,7 +329,7 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
             raise _Invalid("one of " + ", ".join(repr(c) for c in choices))
-        return value
+        return str(value)
 
     return check
 

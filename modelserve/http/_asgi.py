@@ -14,7 +14,8 @@ from modelserve.errors import ClientDisconnected, PayloadTooLarge
 def header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            decoded: str = value.decode("latin-1")
+            return decoded
     return None
 
 

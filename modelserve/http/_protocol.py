@@ -62,7 +62,7 @@ def uvicorn_settings(limits: TransportLimits) -> dict[str, Any]:
 
 if HttpToolsProtocol is not None:
 
-    class LimitedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol, with `TransportLimits` (read from ``config.modelserve_limits``)."""
 
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:

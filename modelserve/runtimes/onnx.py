@@ -129,7 +129,8 @@ class OnnxModel(LoadedModel):
             self._run = direct
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[Any]:
-        return self._run(self._names, feeds, None)
+        outputs: list[Any] = self._run(self._names, feeds, None)
+        return outputs
 
     def as_response(self, prediction: list[Any]) -> dict[str, Any]:
         return dict(zip(self.output_names, prediction, strict=True))
