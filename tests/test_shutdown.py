@@ -53,6 +53,9 @@ def test_a_stuck_sync_stage_does_not_outlive_the_grace_period(tmp_path: Path, st
     assert answer.status_code == 503
     body = {"error": "the server is shutting down; retry later", "request_id": answer.headers["x-request-id"]}
     assert answer.json() == body
+    # One warning line for the stopped request, and no traceback (uvicorn's "Exception in ASGI application").
+    assert server.log.count("stopped by the server's shutdown (503)") == 1
+    assert "Traceback" not in server.log and "Exception in ASGI application" not in server.log
 
 
 def test_a_sync_job_interrupted_by_shutdown_runs_again_at_the_next_start(tmp_path: Path, start_server: Any) -> None:
