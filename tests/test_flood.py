@@ -61,13 +61,19 @@ counts = {}
 async def client(deadline):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     while time.monotonic() < deadline:
-        writer.write(head + body)
-        answer = await reader.readuntil(b"\\r\\n\\r\\n")
-        status = int(answer[9:12])
-        length = next(int(l[15:]) for l in answer.lower().split(b"\\r\\n") if l.startswith(b"content-length:"))
-        await reader.readexactly(length)
+        try:
+            writer.write(head + body)
+            answer = await reader.readuntil(b"\\r\\n\\r\\n")
+            status = int(answer[9:12])
+            length = next(int(l[15:]) for l in answer.lower().split(b"\\r\\n") if l.startswith(b"content-length:"))
+            await reader.readexactly(length)
+            closing = b"connection: close" in answer.lower()
+        except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
+            # A refusal answered with Connection: close while this client still sent its body: the kernel may
+            # reset the connection before the 503 is read (the server does no lingering close).
+            status, closing = "reset", True
         counts[status] = counts.get(status, 0) + 1
-        if b"connection: close" in answer.lower():
+        if closing:
             writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.close()
@@ -124,8 +130,8 @@ def test_a_flood_of_10_mib_bodies_stays_within_the_memory_bound_and_healthz_stay
     size_text, counts_text = flood.stdout.split(" ", 1)
     assert int(size_text) <= MAX_BODY
     counts = eval(counts_text)  # noqa: S307 - a dict of ints printed by the flood above
-    assert counts.get(200, 0) > 10 and counts.get(503, 0) > 0, counts
-    assert set(counts) <= {200, 503}, counts
+    assert counts.get(200, 0) > 10 and counts.get(503, 0) + counts.get("reset", 0) > 0, counts
+    assert set(counts) <= {200, 503, "reset"}, counts
 
     peak = rss_mib(server.process.pid, "VmHWM") - baseline
     # README: the bodies an API holds are at most admitted x max_body_size + max_queued_bytes; their values
