@@ -25,6 +25,7 @@ import asyncio
 import inspect
 import logging
 import time
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,6 +47,9 @@ from modelserve.pipeline import run_in_thread
 from modelserve.watch import Watch, Watchdog
 
 logger = logging.getLogger("modelserve")
+
+#: The results that are streamed.
+_GENERATORS = (types.GeneratorType, types.AsyncGeneratorType)
 
 #: Completes when the caller no longer wants the answer (an HTTP disconnect, a job's DELETE).
 Cancelled = Callable[[], Awaitable[Any]]
@@ -141,13 +145,14 @@ class Api:
                 ctx.release_slot = limiter.release
                 result, acquired = await limiter.run(work(value, request, ctx), admitted)
             else:
-                await limiter.acquire(admitted)
+                if not limiter.enter_now(admitted):
+                    await limiter.acquire(admitted)
                 acquired = True
                 ctx.release_slot = limiter.release
                 result = await pipeline.run(value, request, ctx)
-            if watch.fired():  # on_disconnect: notify, and the user's code returned after it was told
+            if watch.fired:  # on_disconnect: notify, and the user's code returned after it was told
                 raise self.cancelled(ctx)
-            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+            if isinstance(result, _GENERATORS):
                 streaming = True
                 return Stream(self, result, ctx, watch)
             return result
@@ -155,7 +160,7 @@ class Api:
             self.metrics.queue_full.inc()
             raise
         except (asyncio.CancelledError, RequestCancelled):
-            if not watch.fired():
+            if not watch.fired:
                 raise
             watch.absorb_cancel()
             raise self.cancelled(ctx) from None
@@ -253,7 +258,7 @@ class Stream:
                     return _END
             return await run_in_thread(self._step, ctx=self.ctx, on_abandon=self.gen.close)
         except (asyncio.CancelledError, RequestCancelled):
-            if not self.watch.fired():
+            if not self.watch.fired:
                 raise
             self.watch.absorb_cancel()
             raise self.api.cancelled(self.ctx) from None

@@ -116,6 +116,9 @@ class Limiter:
         if self._workers:
             with self._lock:
                 self._admit(size)
+        elif not self.queued_bytes and self.running + len(self._waiters) + self.admitted < self.max_concurrency:
+            self.admitted += 1  # a free slot and no bytes held: `_admit`, written out for the usual request
+            self.queued_bytes = size
         else:
             self._admit(size)
 
@@ -160,6 +163,22 @@ class Limiter:
             self.rejected += 1
             raise QueueFull()
         return False
+
+    def enter_now(self, admitted: int | None = None) -> bool:
+        """Take a free slot without waiting when nobody waits for one (True); else `acquire` must wait.
+        `admitted` as in `acquire`."""
+        if self._workers:
+            with self._lock:
+                if self.running >= self.max_concurrency or self._waiters:
+                    return False
+                return self._enter(admitted)
+        if self.running >= self.max_concurrency or self._waiters:
+            return False
+        if admitted is not None:
+            self.admitted -= 1
+            self.queued_bytes -= admitted
+        self.running += 1
+        return True
 
     async def acquire(self, admitted: int | None = None) -> None:
         """Wait for a slot. `admitted` is the size given to `admit` (None for a request never admitted, which
@@ -296,6 +315,9 @@ class Limiter:
         if self._workers:
             with self._lock:
                 handed = self._release()
+        elif not self._waiters:
+            self.running -= 1  # `_release`, written out for the usual request: nobody waiting
+            handed = None
         else:
             handed = self._release()
         if isinstance(handed, _Turn):

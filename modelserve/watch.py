@@ -29,7 +29,7 @@ class Watch:
     still cancels the task.
     """
 
-    __slots__ = ("ctx", "task", "cancelled", "notify", "armed", "started", "deadline", "watchdog", "_fired", "_watcher")
+    __slots__ = ("ctx", "task", "cancelled", "notify", "armed", "started", "deadline", "watchdog", "fired", "_watcher")
 
     def __init__(
         self,
@@ -44,17 +44,22 @@ class Watch:
         self.cancelled = cancelled
         self.notify = notify
         self.armed = True
-        self._fired = False
+        #: Whether this watch cancelled the call (or, with `notify`, told it to stop).
+        self.fired = False
         self.watchdog = watchdog
-        self.started = watchdog.now()
-        self.deadline = self.started + timeout if timeout is not None else None
         self._watcher: asyncio.Task[None] | None = None
-        watchdog.add(self)
+        # Registered here rather than through a Watchdog method: this runs on every call.
+        loop = asyncio.get_running_loop()
+        self.started = started = loop.time()
+        self.deadline = started + timeout if timeout is not None else None
+        watchdog.active[self] = None
+        if watchdog._handle is None or watchdog._loop is not loop:
+            watchdog.start(loop)
 
     def _fire(self, reason: str) -> None:
         if not self.armed or self.task is None:
             return
-        self._fired = True
+        self.fired = True
         self.ctx.cancel(reason)
         if self.notify and reason != "timeout":
             return  # the deadline still holds: stay armed
@@ -79,16 +84,12 @@ class Watch:
         reason = await self.cancelled()
         self._fire(reason if isinstance(reason, str) else "disconnect")
 
-    def fired(self) -> bool:
-        """Whether this watch cancelled the call (or, with `notify`, told it to stop)."""
-        return self._fired
-
     def disarm(self) -> None:
         """Stop watching; call it before the final answer is sent (the server reports the end of a response
         to a waiting receive() as a disconnect)."""
         if self.armed:
             self.armed = False
-            self.watchdog.discard(self)
+            self.watchdog.active.pop(self, None)
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
@@ -111,17 +112,10 @@ class Watchdog:
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def now(self) -> float:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._loop, self._handle = loop, None
-        return loop.time()
-
-    def add(self, watch: Watch) -> None:
-        self.active[watch] = None
-        if self._handle is None:
-            assert self._loop is not None
-            self._handle = self._loop.call_later(self.tick, self._tick)
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Tick on `loop` (a new event loop, as in tests, forgets the handle of the old one)."""
+        self._loop = loop
+        self._handle = loop.call_later(self.tick, self._tick)
 
     def discard(self, watch: Watch) -> None:
         self.active.pop(watch, None)

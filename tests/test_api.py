@@ -459,7 +459,7 @@ async def watched(
     try:
         await asyncio.sleep(seconds)
     except asyncio.CancelledError:
-        assert watch.fired()
+        assert watch.fired
         watch.absorb_cancel()
         cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python >= 3.11
         assert cancelling is None or cancelling() == 0  # absorbed: the task can go on to answer
@@ -500,7 +500,7 @@ async def test_watch_disarmed_in_time_never_fires() -> None:
     assert not watch.watching  # short calls start no watcher task
     watch.disarm()
     await asyncio.sleep(0.05)
-    assert not context.cancelled and not watch.fired()
+    assert not context.cancelled and not watch.fired
     assert not called.is_set()
     assert not watchdog.active
 
@@ -526,4 +526,4 @@ async def test_watch_with_notify_tells_and_keeps_running_until_the_deadline() ->
 
     context, watch, cancelled = await within(watched(0.06, cancelled=gone, notify=True))
     assert not cancelled  # told, not cancelled
-    assert context.cancelled and context.reason == "disconnect" and watch.fired()
+    assert context.cancelled and context.reason == "disconnect" and watch.fired

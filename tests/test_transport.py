@@ -174,13 +174,16 @@ def test_an_oversized_header_block_is_refused(server: Any) -> None:
 def test_headers_still_arriving_past_the_limit_are_cut_off(server: Any) -> None:
     sent = 0
     with connect(server) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
         sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         try:
-            for i in range(2000):  # 2000 headers of 1 KiB: 2 MiB, never ended
+            for i in range(8000):  # 8000 headers of 1 KiB: 8 MiB, never ended
                 sock.sendall(b"X-H%d: %s\r\n" % (i, b"a" * 1024))
                 sent += 1024
         except OSError:
             pass
         answer = read_until_closed(sock)
     assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
-    assert sent < 1024 * 1024, sent
+    # Cut off long before the end. What the client could send before the close reached it depends on the kernel's
+    # buffers (the server's receive buffer grows while it reads), not on the server: measured 0.1-1.2 MiB.
+    assert sent < 4 * 1024 * 1024, sent

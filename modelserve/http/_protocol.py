@@ -3,7 +3,7 @@
 httptools (llhttp) bounds neither the request line nor the headers, and uvicorn times out only an idle
 keep-alive connection: a client that sends its headers (or its body) a byte a second holds a connection and
 a growing buffer for ever. `LimitedHttpToolsProtocol` is uvicorn's own protocol with three additions, made
-through the parser callbacks httptools documents (``on_message_begin``, ``on_headers_complete``, ...) and
+through the parser callbacks httptools documents (``on_headers_complete``, ``on_message_complete``) and
 asyncio's protocol methods (it reads uvicorn's ``url`` and ``headers`` of the request only to size a header
 block that may be too large); it is passed to uvicorn as ``Config(http=...)``, which takes a protocol class:
 
@@ -85,9 +85,13 @@ if HttpToolsProtocol is not None:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._reading != "body":
+            reading = self._reading
+            if reading is None:  # between requests, any byte begins the next one
+                self._reading = reading = "headers"
+            if reading == "headers":
                 self._header_bytes += len(data)  # a rough count (the chunk may hold a body too)
-            super().data_received(data)
+            # The base class by name rather than super(): these methods run several times per request.
+            HttpToolsProtocol.data_received(self, data)
             if self._reading is None or self.transport.is_closing():
                 return
             if self._reading == "headers" and self._header_bytes > self._max_header_size:
@@ -96,10 +100,6 @@ if HttpToolsProtocol is not None:
                 self._arm(self._header_timeout if self._reading == "headers" else self._body_timeout)
 
         # httptools' parser callbacks
-
-        def on_message_begin(self) -> None:
-            self._reading = "headers"
-            super().on_message_begin()
 
         def on_headers_complete(self) -> None:
             # Counted exactly only when the rough count passed the limit (a large first chunk, or headers
@@ -110,13 +110,15 @@ if HttpToolsProtocol is not None:
                     raise HeadersTooLarge(f"request headers larger than {self._max_header_size} bytes")
             self._reading = "body"
             self._header_bytes = 0
-            self._disarm()
-            super().on_headers_complete()
+            if self._deadline is not None:
+                self._disarm()
+            HttpToolsProtocol.on_headers_complete(self)
 
         def on_message_complete(self) -> None:
             self._reading = None
-            self._disarm()
-            super().on_message_complete()
+            if self._deadline is not None:
+                self._disarm()
+            HttpToolsProtocol.on_message_complete(self)
 
         def _arm(self, seconds: float) -> None:
             self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)

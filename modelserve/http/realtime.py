@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
-from modelserve.codecs import decode_payload, encode_result
+from modelserve.codecs import JSON_TYPE, decode_payload, encode_json, encode_result
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import CLOSE, check_length, disconnected, read_body, request_headers, send_body, send_json
@@ -49,8 +49,42 @@ class RealtimeEndpoint:
         request_id, content_type, content_length, accept = request_headers(scope)
         ctx = RequestContext(self.name, request_id)
         token = current.set(ctx)
+        api = self.api
+        # One coroutine for the whole request (the work and its error answers): a frame less on every request.
         try:
-            status = await self._run(scope, receive, send, ctx, content_type, content_length, accept)
+            # Admission before work: a request that will be refused is refused before its body is read.
+            limit = api.config.max_body_size
+            check_length(limit, content_length)
+            size = int(content_length) if content_length is not None and content_length.isdigit() else 0
+            try:
+                api.admit(size)
+            except ServiceUnavailable as exc:
+                if size > DECODE_INLINE_MAX:
+                    exc.headers.update(CLOSE)  # rather than reading a large body only to drop it
+                raise
+            try:
+                pipeline = api.backend.pipeline
+                body = await read_body(receive, limit, None)
+                value = None
+                if pipeline.needs_inputs:
+                    if len(body) > DECODE_INLINE_MAX:
+                        value = await _threads.run_sync(decode_payload, content_type, body)
+                    else:
+                        value = decode_payload(content_type, body)
+                request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
+            except BaseException:
+                api.unadmit(size)
+                raise
+            result = await api.call(value, ctx, request=request, cancelled=disconnected(receive), admitted=size)
+            if type(result) is dict:  # the usual result, encoded here: a frame less
+                try:
+                    encoded = encode_json(result)
+                except EncodeError as exc:
+                    raise self._encode_failed(ctx, exc) from None
+                await send_body(send, 200, encoded, JSON_TYPE, request_id)
+                status = 200
+            else:
+                status = await self._answer(scope, receive, send, ctx, result, accept)
         except asyncio.CancelledError:
             # The server's shutdown cancelled us after its grace period: answer a JSON 503 (the server's own
             # answer would be a plain-text 500) and end the request quietly.
@@ -67,45 +101,14 @@ class RealtimeEndpoint:
         finally:
             current.reset(token)
         seconds = time.perf_counter() - started
-        self.api.metrics.answered(status, seconds)
+        api.metrics.answered(status, seconds)
         if self.access_log is not None:
             self.access_log(scope, status, seconds, request_id, self.name)
 
-    async def _run(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        ctx: RequestContext,
-        content_type: str | None,
-        content_length: str | None,
-        accept: str | None,
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send, ctx: RequestContext, result: Any, accept: str | None
     ) -> int:
-        api = self.api
-        # Admission before work: a request that will be refused is refused before its body is read.
-        limit = api.config.max_body_size
-        check_length(limit, content_length)
-        size = int(content_length) if content_length is not None and content_length.isdigit() else 0
-        try:
-            api.admit(size)
-        except ServiceUnavailable as exc:
-            if size > DECODE_INLINE_MAX:
-                exc.headers.update(CLOSE)  # rather than reading a large body only to drop it
-            raise
-        try:
-            pipeline = api.backend.pipeline
-            body = await read_body(receive, limit, content_length)
-            value = None
-            if pipeline.needs_inputs:
-                if len(body) > DECODE_INLINE_MAX:
-                    value = await _threads.run_sync(decode_payload, content_type, body)
-                else:
-                    value = decode_payload(content_type, body)
-            request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
-        except BaseException:
-            api.unadmit(size)
-            raise
-        result = await api.call(value, ctx, request=request, cancelled=disconnected(receive), admitted=size)
+        """Send a result other than a dict: a stream, a user's Response, or any other encodable value."""
         if isinstance(result, Stream):
             return await send_stream(send, result, accept)
         if isinstance(result, Response):
@@ -115,11 +118,15 @@ class RealtimeEndpoint:
         try:
             body, content_type_out = encode_result(result)
         except EncodeError as exc:
-            error = UserCodeError("encoding the result", exc)
-            log_user_error(self.name, ctx, error)
-            raise error from None
+            raise self._encode_failed(ctx, exc) from None
         await send_body(send, 200, body, content_type_out, ctx.request_id)
         return 200
+
+    def _encode_failed(self, ctx: RequestContext, exc: EncodeError) -> UserCodeError:
+        """A result that cannot be encoded is the user's failure (a 500), logged once."""
+        error = UserCodeError("encoding the result", exc)
+        log_user_error(self.name, ctx, error)
+        return error
 
 
 def _request_with_body(scope: Scope, body: bytes, ctx: RequestContext) -> Request:
