@@ -275,6 +275,7 @@ class ModelFileBackend(Backend):
         # dimension, and none otherwise (2 us of a small model's 20).
         named = [dim for spec in model.inputs for dim in spec.shape or () if isinstance(dim, str)]
         v2_checked = len(named) == len(set(named))
+        several, first = len(model.inputs) > 1, model.inputs[0].name
 
         async def call(value: Any, request: Any) -> Any:
             v2 = type(value) is V2Inputs
@@ -287,7 +288,7 @@ class ModelFileBackend(Backend):
             if batched is not None:
                 prediction = await batched(feeds)
             else:
-                prediction = await adaptive.call(run, feeds, size=_size(feeds))
+                prediction = await adaptive.call(run, feeds, size=_size(feeds) if several else feeds[first].size)
             if v2:
                 return (
                     V2Outputs(prediction)

@@ -48,8 +48,10 @@ def check_length(limit: int, content_length: str | None) -> None:
 
 
 async def read_body(receive: Receive, limit: int, content_length: str | None) -> bytes:
-    """The whole request body, or `PayloadTooLarge` as soon as it is known to exceed `limit` bytes."""
-    check_length(limit, content_length)
+    """The whole request body, or `PayloadTooLarge` as soon as it is known to exceed `limit` bytes (`content_length`:
+    the header's value when the caller has not checked it yet)."""
+    if content_length is not None:
+        check_length(limit, content_length)
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientDisconnected()
