@@ -7,7 +7,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from modelserve.codecs import JSON_TYPE, encode_json
-from modelserve.context import sane_request_id
+from modelserve.context import new_request_id, sane_request_id
 from modelserve.errors import ClientDisconnected, PayloadTooLarge
 
 
@@ -31,7 +31,12 @@ def request_headers(scope: Scope) -> tuple[str, str | None, str | None, str | No
             request_id = value.decode("latin-1")
         elif key == b"accept":
             accept = value.decode("latin-1")
-    return sane_request_id(request_id), content_type, content_length, accept
+    return (
+        sane_request_id(request_id) if request_id is not None else new_request_id(),
+        content_type,
+        content_length,
+        accept,
+    )
 
 
 #: Sent with a refusal that leaves a body unread: the server closes the connection instead of reading (and

@@ -125,6 +125,8 @@ class ModelserveApp(Starlette):
         # The Host check, CORS and API keys (modelserve.http.guard), or the table itself when none is on.
         self._edge = Guard.of(self.table, self.table, server.project, host, server.metrics)
         self._base_url_known = base_url is not None or "MODELSERVE_URL" in os.environ
+        #: True until the first request: it starts loading when no lifespan did, and notes the server's URL.
+        self._first = True
         super().__init__(
             routes=[TableRoute(self._http)],
             exception_handlers={Exception: _unhandled},
@@ -144,23 +146,22 @@ class ModelserveApp(Starlette):
         if scope["type"] != "http":
             await self.router(scope, receive, send)
             return
-        if not self.server.started:
-            self.server.start()
-        if not self._base_url_known:
-            self._note_base_url(scope)
+        if self._first:
+            self._first_request(scope)
         await self._edge(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An HTTP request reaching the table through Starlette's stack (user middleware was added)."""
-        if not self.server.started:
-            self.server.start()
-        if not self._base_url_known:
-            self._note_base_url(scope)
+        if self._first:
+            self._first_request(scope)
         await self._edge(scope, receive, send)
 
-    def _note_base_url(self, scope: Scope) -> None:
-        self._base_url_known = True
-        os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
+    def _first_request(self, scope: Scope) -> None:
+        """Start loading (when no lifespan did) and note the server's URL, once."""
+        self._first = False
+        self.server.start()
+        if not self._base_url_known:
+            os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
 
 
 def _base_url_of(scope: Scope) -> str:

@@ -83,7 +83,10 @@ class RouteTable:
         return found[0], {found[1]: last}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = route_path(scope)
+        path = scope["path"]
+        root_path = scope.get("root_path")
+        if root_path:
+            path = route_path(scope)
         method = scope["method"]
         route = self.exact.get(path)
         if route is None:
