@@ -1,7 +1,8 @@
 """Payload codecs: request bodies in by Content-Type, results out by Python type.
 
 Requests: ``application/json`` and ``*/*+json`` become Python objects, ``text/plain`` a str (decoded with
-the ``charset`` parameter, utf-8 by default), anything else the raw bytes.
+the ``charset`` parameter, utf-8 by default), anything else the raw bytes. JSON bodies over `LARGE_JSON` are
+parsed in pieces that hold the GIL briefly each (`modelserve._chunked_json`), to the same value.
 
 Results: bytes become application/octet-stream; everything else JSON, as Truss and Cortex answered: dict,
 list, tuple, numbers, bool, None, and a str too (``"iris-setosa"``, quotes included; send text with a
@@ -11,12 +12,15 @@ serialisation (``model_dump(mode="json")``; pydantic is never imported for this)
 
 from __future__ import annotations
 
+import asyncio
 import codecs as _stdlib_codecs
 import sys
+import threading
 from typing import Any
 
 import orjson
 
+from modelserve import _chunked_json
 from modelserve.errors import BadRequest, EncodeError
 
 JSON_TYPE = b"application/json"
@@ -46,14 +50,34 @@ class Decoder:
         return body
 
 
+#: JSON bodies larger than this are parsed in pieces (`modelserve._chunked_json`), one body at a time in the
+#: process: orjson holds the GIL for all of one call, 35 ms for 10 MiB of numbers on a quiet core here.
+LARGE_JSON = 1024 * 1024
+_large_json = threading.Lock()
+
+
 class JSONDecoder(Decoder):
     name = "json"
 
     def decode(self, body: bytes, params: dict[str, str]) -> Any:
         try:
+            if len(body) > LARGE_JSON and type(body) is bytes:
+                return _decode_large(body)
             return orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
+
+
+def _decode_large(body: bytes) -> Any:
+    """A large body, in pieces, one body at a time: several threads decoding at once would take turns with the
+    GIL, and the event loop would wait for its turn behind each of them. A thread that runs an event loop does
+    not wait for the lock (its loop would stall for all of another thread's decode)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        with _large_json:
+            return _chunked_json.loads(body)
+    return _chunked_json.loads(body)
 
 
 class TextDecoder(Decoder):
