@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, JSON_TYPE
-from modelserve.context import RequestContext, current, sane_request_id
+from modelserve.context import RequestContext, current, new_request_id, sane_request_id
 from modelserve.errors import BadRequest, ConfigError, LoadError, PayloadTooLarge, ServiceUnavailable, UserCodeError
 from modelserve.http._asgi import check_length, disconnected, read_body, send_body, send_json
 from modelserve.http.errors import send_error
@@ -145,10 +145,47 @@ class V2Model:
     async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         header_id, content_length, header_length, encoding = _headers(scope)
-        ctx = RequestContext(self.name, sane_request_id(header_id))
+        ctx = RequestContext(self.name, sane_request_id(header_id) if header_id is not None else new_request_id())
         token = current.set(ctx)
+        api = self.api
+        # One coroutine for the whole request, as on the native route.
         try:
-            status = await self._infer(scope, receive, send, ctx, header_id, content_length, header_length, encoding)
+            # Admission before work, as on the native route: a request that will be refused is refused unread.
+            limit = api.config.max_body_size
+            check_length(limit, content_length)
+            size = int(content_length) if content_length is not None and content_length.isdigit() else 0
+            api.admit(size)
+            try:
+                signature = self._signature or self.signature()
+                body = await read_body(receive, limit, None)
+                if encoding is not None:
+                    body = _decompressed(body, encoding, limit)
+                args = (body, _header_length(header_length), signature.raw_input, signature.text)
+                if len(body) > DECODE_INLINE_MAX:
+                    request = await _threads.run_sync(decode_request, *args)
+                else:
+                    request = decode_request(*args)
+                if header_id is None and request.id is not None:
+                    ctx.request_id = sane_request_id(request.id)
+                signature.check(request)
+                pipeline = api.backend.pipeline
+                http_request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
+            except BaseException:
+                api.unadmit(size)
+                raise
+            result = await api.call(
+                request.inputs, ctx, request=http_request, cancelled=disconnected(receive), admitted=size
+            )
+            if isinstance(result, Stream):
+                await result.aclose()
+                result = _NotATensor("predict returned a stream, which the V2 protocol cannot carry")
+            body, json_length = self._encode(ctx, request, result)
+            if json_length is None:
+                await send_body(send, 200, body, JSON_TYPE, ctx.request_id)
+            else:
+                extra = [(b"inference-header-content-length", str(json_length).encode())]
+                await send_body(send, 200, body, BYTES_TYPE, ctx.request_id, extra)
+            status = 200
         except asyncio.CancelledError:
             # The server's shutdown cancelled us after its grace period (see RealtimeEndpoint.post).
             logger.warning("api '%s': request %s stopped by the server's shutdown (503)", self.name, ctx.request_id)
@@ -161,58 +198,9 @@ class V2Model:
         finally:
             current.reset(token)
         seconds = time.perf_counter() - started
-        self.api.metrics.answered(status, seconds)
+        api.metrics.answered(status, seconds)
         if self.access_log is not None:
             self.access_log(scope, status, seconds, ctx.request_id, self.name)
-
-    async def _infer(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        ctx: RequestContext,
-        header_id: str | None,
-        content_length: str | None,
-        header_length: str | None,
-        encoding: str | None,
-    ) -> int:
-        api = self.api
-        # Admission before work, as on the native route: a request that will be refused is refused unread.
-        limit = api.config.max_body_size
-        check_length(limit, content_length)
-        size = int(content_length) if content_length is not None and content_length.isdigit() else 0
-        api.admit(size)
-        try:
-            signature = self.signature()
-            body = await read_body(receive, limit, content_length)
-            if encoding is not None:
-                body = _decompressed(body, encoding, limit)
-            args = (body, _header_length(header_length), signature.raw_input, signature.text)
-            if len(body) > DECODE_INLINE_MAX:
-                request = await _threads.run_sync(decode_request, *args)
-            else:
-                request = decode_request(*args)
-            if header_id is None and request.id is not None:
-                ctx.request_id = sane_request_id(request.id)
-            signature.check(request)
-            pipeline = api.backend.pipeline
-            http_request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
-        except BaseException:
-            api.unadmit(size)
-            raise
-        result = await api.call(
-            request.inputs, ctx, request=http_request, cancelled=disconnected(receive), admitted=size
-        )
-        if isinstance(result, Stream):
-            await result.aclose()
-            result = _NotATensor("predict returned a stream, which the V2 protocol cannot carry")
-        body, json_length = self._encode(ctx, request, result)
-        if json_length is None:
-            await send_body(send, 200, body, JSON_TYPE, ctx.request_id)
-        else:
-            extra = [(b"inference-header-content-length", str(json_length).encode())]
-            await send_body(send, 200, body, BYTES_TYPE, ctx.request_id, extra)
-        return 200
 
     def _encode(self, ctx: RequestContext, request: InferRequest, result: Any) -> tuple[bytes, int | None]:
         """The answer's body; a result V2 cannot carry (a stream, an object) is the user code's 500."""
