@@ -196,11 +196,12 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
     if offset != len(body):
         raise BadRequest(f"{len(body) - offset} bytes of binary data after the inputs belong to no input")
     request_id = header.get("id")
+    outputs = header.get("outputs")
     return InferRequest(
         str(request_id) if request_id is not None else None,
         inputs,
-        _requested_outputs(header.get("outputs")),
-        bool(parameters.get("binary_data_output", False)),
+        _requested_outputs(outputs) if outputs is not None else None,
+        bool(parameters.get("binary_data_output", False)) if parameters else False,
     )
 
 
@@ -568,16 +569,26 @@ class Signature:
         expected = self._expected
         if expected is not None:
             inputs = request.inputs
-            if len(inputs) != len(expected) or any(name not in expected for name in inputs):
+            if inputs.keys() != expected.keys():
                 self._refuse_names(inputs)
+            # Loops rather than any(generator): a generator is a frame, and this runs on every request.
             for name, array in inputs.items():
                 dtype, rank, fixed = expected[name]
                 if array.dtype != dtype:
                     self._refuse_dtype(name, array)
-                if rank >= 0 and (array.ndim != rank or any(array.shape[axis] != size for axis, size in fixed)):
-                    raise BadRequest(
-                        f"input '{name}': shape {list(array.shape)}, but the model expects {self._meta(name).text()}"
-                    )
+                if rank >= 0:
+                    fits = array.ndim == rank
+                    if fits:
+                        shape = array.shape
+                        for axis, size in fixed:
+                            if shape[axis] != size:
+                                fits = False
+                                break
+                    if not fits:
+                        raise BadRequest(
+                            f"input '{name}': shape {list(array.shape)}, but the model expects "
+                            f"{self._meta(name).text()}"
+                        )
         if self._outputs is not None and request.outputs is not None:
             for name in request.outputs:
                 if name not in self._outputs:
