@@ -38,6 +38,10 @@ BLOCKED_FACTOR = 20
 BLOCKED_LOG_S = 0.05
 
 
+#: What `Adaptive.now` returns for a call that must run in a worker thread.
+THREAD: Any = object()
+
+
 class Adaptive:
     """Runs one sync callable inline while it is measured fast, else in a worker thread.
 
@@ -96,6 +100,26 @@ class Adaptive:
         else:
             self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
         self.usual_size += ALPHA * (max(float(size), 1.0) - self.usual_size)
+
+    def now(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
+        """``fn(*args)`` inline when it is measured fast, else `THREAD` (then ``await call(...)``): a plain call on
+        the fast path, where awaiting `call` would cost a coroutine."""
+        # `inline` and `record`, written out: this runs on every request, where each method call counts.
+        estimate = self.estimate
+        if estimate is not None:
+            usual = self.usual_size
+            if (estimate * (size / usual) if size > usual else estimate) < self.threshold:
+                self.inline_calls += 1
+                started = perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    seconds = perf_counter() - started
+                    self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
+                    self.usual_size = usual + ALPHA * ((size if size > 1.0 else 1.0) - usual)
+                    if seconds > BLOCKED_LOG_S and seconds > BLOCKED_FACTOR * self.threshold:
+                        self._blocked(seconds)
+        return THREAD
 
     async def call(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
         # `inline` and `record`, written out: this runs on every request, where each method call counts.

@@ -28,7 +28,7 @@ import anyio.to_thread
 
 from modelserve import devices, runtimes
 from modelserve.backends import Backend
-from modelserve.backends._adaptive import Adaptive
+from modelserve.backends._adaptive import THREAD, Adaptive
 from modelserve.batching import BatchThreads, TensorBatcher
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable
@@ -288,7 +288,10 @@ class ModelFileBackend(Backend):
             if batched is not None:
                 prediction = await batched(feeds)
             else:
-                prediction = await adaptive.call(run, feeds, size=_size(feeds) if several else feeds[first].size)
+                size = _size(feeds) if several else feeds[first].size
+                prediction = adaptive.now(run, feeds, size=size)
+                if prediction is THREAD:
+                    prediction = await adaptive.call(run, feeds, size=size)
             if v2:
                 return (
                     V2Outputs(prediction)
