@@ -70,14 +70,15 @@ class JSONDecoder(Decoder):
 
 def _decode_large(body: bytes) -> Any:
     """A large body, in pieces, one body at a time: several threads decoding at once would take turns with the
-    GIL, and the event loop would wait for its turn behind each of them. A thread that runs an event loop does
-    not wait for the lock (its loop would stall for all of another thread's decode)."""
+    GIL, and the event loop would wait for its turn behind each of them. On an event loop's own thread the body
+    is parsed whole: pieces would not let that loop run any sooner, and the lock could make it wait for
+    another thread's decode."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         with _large_json:
             return _chunked_json.loads(body)
-    return _chunked_json.loads(body)
+    return orjson.loads(body)
 
 
 class TextDecoder(Decoder):
