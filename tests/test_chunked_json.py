@@ -283,6 +283,16 @@ def test_no_call_into_orjson_parses_more_than_a_piece_of_a_large_body(body: byte
     assert len(sizes) > len(body) // MIB and max(sizes) < MIB / 8, sizes
 
 
+def test_the_parse_pauses_between_pieces(monkeypatch: pytest.MonkeyPatch, orjson_calls: list[int]) -> None:
+    """Between two pieces it sleeps (the GIL released, for a waiting thread to take), once per WORK seconds."""
+    pauses: list[float] = []
+    monkeypatch.setattr(_chunked_json, "WORK", 0.0)
+    monkeypatch.setattr(_chunked_json.time, "sleep", pauses.append)
+    _chunked_json.loads(FLAT)
+    assert len(pauses) > len(orjson_calls) > 100
+    assert set(pauses) == {_chunked_json.PAUSE}
+
+
 def test_an_invalid_large_body_is_a_400_with_orjsons_message() -> None:
     body = FLAT[:-2] + b",]}"
     with pytest.raises(orjson.JSONDecodeError) as expected:
