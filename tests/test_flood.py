@@ -1,13 +1,17 @@
 """A flood of large JSON bodies (real server): the memory the server takes stays within the README's bound
 (`max_queued_bytes` and admission before work), and the event loop keeps answering /healthz.
 
-The /healthz target (p99 under 50 ms) is reported as an expected failure when it is missed: on a shared 2-core
-machine it was missed by text bodies too (70 ms), and decoding 10 MiB of JSON numbers holds the GIL for
-longer than that by itself.
+The /healthz target is a p99 under 50 ms, for bodies of one long string and for bodies of 1.15 million JSON
+numbers alike (parsed in pieces that each hold the GIL for a fraction of a millisecond: codecs.LARGE_JSON). A
+miss is reported as an expected failure only when other work on the machine took a good share of its CPU
+during the flood (on the shared 2-core machine the tests run on, other test runs took the p99 of both kinds
+to 50-250 ms); on a machine to itself a miss fails.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -88,6 +92,23 @@ print(len(body), counts)
 NUMBERS = 1_150_000  # just under 10 MiB of JSON: each "0.dddddd," is 9 bytes
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the machine has spent busy, all cores together (stolen by the hypervisor included)."""
+    user, nice, system, _, _, irq, softirq, steal = (int(f) for f in Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """This process (the prober) and its finished children (the flood)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def rss_mib(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -114,6 +135,8 @@ def test_a_flood_of_10_mib_bodies_stays_within_the_memory_bound_and_healthz_stay
                 latencies.append(time.perf_counter() - started)
                 done.wait(0.01)
 
+    started = time.monotonic()
+    busy, server_cpu, own_cpu = machine_busy_seconds(), process_cpu_seconds(server.process.pid), own_cpu_seconds()
     prober = threading.Thread(target=probe)
     prober.start()
     try:
@@ -126,6 +149,8 @@ def test_a_flood_of_10_mib_bodies_stays_within_the_memory_bound_and_healthz_stay
     finally:
         done.set()
         prober.join()
+    ours = process_cpu_seconds(server.process.pid) - server_cpu + own_cpu_seconds() - own_cpu
+    others = (machine_busy_seconds() - busy - ours) / ((os.cpu_count() or 1) * (time.monotonic() - started))
     assert flood.returncode == 0, flood.stderr
     size_text, counts_text = flood.stdout.split(" ", 1)
     assert int(size_text) <= MAX_BODY
@@ -138,11 +163,18 @@ def test_a_flood_of_10_mib_bodies_stays_within_the_memory_bound_and_healthz_stay
     # a multiple of that by payload (JSON numbers: about 10x their text).
     bound = (1 * MAX_BODY + MAX_QUEUED) * 11 / MIB
     p99 = statistics.quantiles(latencies, n=100)[98] * 1000
-    print(f"peak RSS +{peak:.0f} MiB (bound {bound:.0f}); /healthz p99 {p99:.1f} ms of {len(latencies)}; {counts}")
+    print(
+        f"peak RSS +{peak:.0f} MiB (bound {bound:.0f}); /healthz p99 {p99:.1f} ms of {len(latencies)}; {counts}; "
+        f"other work: {others:.0%} of the machine's CPU"
+    )
     assert peak <= bound
-    # The issue saw the loop stall up to 2.1 s (bodies parsed on the loop, all of them); now the worst is a
-    # parse or two in a worker thread, which holds the GIL all along: orjson builds 1.15 million floats from
-    # 10 MiB of numbers in 50-100 ms here, however the work is split between threads.
+    # The issue saw the loop stall up to 2.1 s (bodies parsed on the loop, all of them); then 50-250 ms with each
+    # body parsed by one call into orjson in a worker thread, which held the GIL all along (10 MiB of numbers:
+    # 35 ms on a quiet core); now with the pieces.
     assert p99 < 1000, f"/healthz p99 {p99:.1f} ms"
-    if p99 >= 50:
-        pytest.xfail(f"/healthz p99 {p99:.1f} ms during the flood of {kind} (target 50 ms; see the comment above)")
+    if p99 >= 50 and others > 0.1:
+        pytest.xfail(
+            f"/healthz p99 {p99:.1f} ms during the flood of {kind} (target 50 ms), while other work took "
+            f"{others:.0%} of the machine's CPU"
+        )
+    assert p99 < 50, f"/healthz p99 {p99:.1f} ms during the flood of {kind}, other work {others:.0%} of the CPU"
