@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from modelserve.codecs import (
     decode_payload,
     encode_result,
     parse_content_type,
+    release_in_pieces,
 )
 from modelserve.errors import BadRequest
 
@@ -174,3 +176,32 @@ def test_unknown_types_name_the_type(value: object, type_name: str) -> None:
         encode_result(value)
     assert type_name in str(caught.value)
     assert "cannot encode a result of type" in str(caught.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# release_in_pieces
+
+
+class _Counted:
+    freed = 0
+
+    def __del__(self) -> None:
+        _Counted.freed += 1
+
+
+def test_release_in_pieces_frees_a_value_nobody_else_holds() -> None:
+    _Counted.freed = 0
+    box: list[Any] = [{"x": [_Counted() for _ in range(40_000)], "rows": [[_Counted()] for _ in range(3)]}]
+    release_in_pieces(box.pop())
+    assert _Counted.freed == 40_003
+
+
+def test_release_in_pieces_leaves_what_user_code_kept_whole() -> None:
+    kept_list = [0.5] * 50_000
+    kept_dict = {"a": [1.0, 2.0]}
+    box: list[Any] = [{"x": kept_list, "rows": [[1.0, 2.0] for _ in range(1000)], "meta": kept_dict}]
+    release_in_pieces(box.pop())
+    assert kept_list == [0.5] * 50_000 and kept_dict == {"a": [1.0, 2.0]}
+    held = {"x": [1.0] * 10}
+    release_in_pieces(held)  # the caller still holds it: left as it is
+    assert held == {"x": [1.0] * 10}

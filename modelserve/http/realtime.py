@@ -17,7 +17,14 @@ from starlette.types import Receive, Scope, Send
 
 from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
-from modelserve.codecs import JSON_TYPE, decode_payload, encode_json, encode_result
+from modelserve.codecs import (
+    DECODE_INLINE_MAX,
+    JSON_TYPE,
+    decode_payload,
+    encode_json,
+    encode_result,
+    release_in_pieces,
+)
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import CLOSE, check_length, disconnected, read_body, request_headers, send_body, send_json
@@ -26,10 +33,6 @@ from modelserve.http.streaming import send_stream
 from modelserve.logs import access_writer
 
 logger = logging.getLogger("modelserve")
-
-#: Bodies up to this size are decoded on the event loop; larger ones in a worker thread, so that no request's
-#: parsing stalls the loop (orjson parses about 1 MiB of JSON numbers in 5-10 ms on this machine's cores).
-DECODE_INLINE_MAX = 64 * 1024
 
 
 class RealtimeEndpoint:
@@ -76,6 +79,10 @@ class RealtimeEndpoint:
                 api.unadmit(size)
                 raise
             result = await api.call(value, ctx, request=request, cancelled=disconnected(receive), admitted=size)
+            if len(body) > DECODE_INLINE_MAX and value is not None:
+                # A large value is freed in a worker thread, a piece at a time, rather than on the loop.
+                box, value = [value], None
+                _threads.submit(_release, box)
             if type(result) is dict:  # the usual result, encoded here: a frame less
                 try:
                     encoded = encode_json(result)
@@ -127,6 +134,11 @@ class RealtimeEndpoint:
         error = UserCodeError("encoding the result", exc)
         log_user_error(self.name, ctx, error)
         return error
+
+
+def _release(box: list[Any]) -> None:
+    """In a worker thread: free the value in `box`, which holds the only reference the request had to it."""
+    release_in_pieces(box.pop())
 
 
 def _request_with_body(scope: Scope, body: bytes, ctx: RequestContext) -> Request:

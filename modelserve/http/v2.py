@@ -34,12 +34,12 @@ from starlette.types import Receive, Scope, Send
 
 from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
-from modelserve.codecs import BYTES_TYPE, JSON_TYPE
+from modelserve.codecs import BYTES_TYPE, DECODE_INLINE_MAX, JSON_TYPE
 from modelserve.context import RequestContext, current, new_request_id, sane_request_id
 from modelserve.errors import BadRequest, ConfigError, LoadError, PayloadTooLarge, ServiceUnavailable, UserCodeError
 from modelserve.http._asgi import check_length, disconnected, read_body, send_body, send_json
 from modelserve.http.errors import send_error
-from modelserve.http.realtime import DECODE_INLINE_MAX, _request_with_body
+from modelserve.http.realtime import _request_with_body
 from modelserve.http.routing import Route
 from modelserve.logs import access_writer
 from modelserve.server import ModelServer

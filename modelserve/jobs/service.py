@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelserve.codecs import decode_payload
+from modelserve import _threads
+from modelserve.codecs import DECODE_INLINE_MAX, decode_payload, release_in_pieces
 from modelserve.errors import ConfigError, Conflict, NotFound, ServiceUnavailable
 from modelserve.jobs import make_store
 from modelserve.jobs.base import CANCELLED, ENDED, IN_PROGRESS, JobView, NewJob
@@ -27,11 +28,14 @@ logger = logging.getLogger("modelserve")
 
 def stored_payload(content_type: str | None, body: bytes) -> tuple[str, bytes]:
     """Decode a body now (a malformed one is a 400 at submit), and keep it in a form that round-trips."""
-    value = decode_payload(content_type, body)
+    box = [decode_payload(content_type, body)]
+    value = box[0]
     if isinstance(value, str):
         return "text", value.encode("utf-8")
     if isinstance(value, (bytes, bytearray)):
         return "bytes", bytes(value)
+    del value
+    release_in_pieces(box.pop())  # a large value a piece at a time (this runs in a worker thread for those)
     return "json", body
 
 
@@ -68,7 +72,10 @@ class Jobs:
     async def submit(self, api: Api, job_id: str, content_type: str | None, body: bytes) -> None:
         """Store a job; returns once it is committed (`DuplicateJob`, `JobQueueFull` when refused)."""
         worker = self._ready(api, submitting=True)
-        kind, payload = stored_payload(content_type, body)
+        if len(body) > DECODE_INLINE_MAX:  # parsed off the event loop, as on a realtime route
+            kind, payload = await _threads.run_sync(stored_payload, content_type, body)
+        else:
+            kind, payload = stored_payload(content_type, body)
         await self.store.submit(NewJob(api.name, job_id, kind, payload), api.config.max_queue_length)
         worker.wake()
         api.metrics.job("in_queue")
