@@ -41,6 +41,7 @@ def test_using_it_from_python_runs_as_written_from_the_repository() -> None:
             assert answer.status_code == 200, answer.text
             assert answer.json()["label"] == "setosa"
         with TestClient(app) as client:
+            client.portal.call(app.server.wait_loaded)  # loading starts with the lifespan; /readyz says when done
             assert client.post("/echo", json={"a": 1}).json() == {"a": 1}
         print("snippet ok")
         """

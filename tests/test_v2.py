@@ -522,7 +522,9 @@ def test_protocols_turn_routes_off(tmp_path: Path, protocols: list[str]) -> None
 
     yaml = f"protocols: {json.dumps(protocols)}\napis:\n  - name: echo\n    handler: {{path: model.py, class: Echo}}\n"
     root = write_project(tmp_path, {"modelserve.yaml": yaml, "model.py": CLASSES})
-    with TestClient(modelserve.create_app(root)) as http:
+    app = modelserve.create_app(root)
+    with TestClient(app) as http:
+        http.portal.call(app.server.wait_loaded)  # the lifespan starts loading; it does not wait for it
         assert http.get("/readyz").status_code == 200
         v2 = http.post(
             "/v2/models/echo/infer", json={"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [3]}]}
@@ -550,7 +552,9 @@ def test_a_cortex_handler_gets_the_tensors_as_its_payload(tmp_path: Path) -> Non
     """
     cortex = "- name: double\n  kind: RealtimeAPI\n  handler: {type: python, path: handler.py}\n"
     root = write_project(tmp_path, {"cortex.yaml": cortex, "handler.py": handler})
-    with TestClient(modelserve.create_app(root)) as http:
+    app = modelserve.create_app(root)
+    with TestClient(app) as http:
+        http.portal.call(app.server.wait_loaded)
         tensor = {"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]}
         answer = http.post("/v2/models/double/infer", json={"inputs": [tensor]}).json()
         assert answer["outputs"] == [{"name": "doubled", "datatype": "FP32", "shape": [2], "data": [2.0, 4.0]}]

@@ -92,9 +92,7 @@ def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:
     return data
 
 
-def _header_length(text: str | None) -> int | None:
-    if text is None:
-        return None
+def _header_length(text: str) -> int:
     if not text.strip().isdigit():
         raise BadRequest(f"Inference-Header-Content-Length must be a number of bytes, got {text!r}")
     return int(text)
@@ -160,11 +158,13 @@ class V2Model:
                 body = await read_body(receive, limit, None)
                 if encoding is not None:
                     body = _decompressed(body, encoding, limit)
-                args = (body, _header_length(header_length), signature.raw_input, signature.text)
+                header_size = None if header_length is None else _header_length(header_length)
                 if len(body) > DECODE_INLINE_MAX:
-                    request = await _threads.run_sync(decode_request, *args)
+                    request = await _threads.run_sync(
+                        decode_request, body, header_size, signature.raw_input, signature.text
+                    )
                 else:
-                    request = decode_request(*args)
+                    request = decode_request(body, header_size, signature.raw_input, signature.text)
                 if header_id is None and request.id is not None:
                     ctx.request_id = sane_request_id(request.id)
                 signature.check(request)
