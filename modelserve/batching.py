@@ -12,6 +12,10 @@ binding, cuBLAS handles: 45 ms at the median for BERT-base on an H100 against 6.
 batch must never land on a fresh thread of a shared pool. The hand-over costs no loop turn: the batch goes to
 its thread the moment `_dispatch` forms it, and the thread hands the results back with one
 ``call_soon_threadsafe``.
+
+What a request costs the event loop here: a queue entry and a future, and the wake-up when its batch ends
+(every future of a batch is settled in one callback, and a request's own failure, a `Failed` result, is raised
+in that request alone: no coroutine of the request's own around `Batcher.submit`).
 """
 
 from __future__ import annotations
@@ -197,7 +201,8 @@ class Batcher:
         return len(self._queue)
 
     async def submit(self, item: Any) -> Any:
-        """Wait for `item`'s batch to run and return its own result."""
+        """Wait for `item`'s batch to run and return its own result. A `Failed` result (one request's own
+        failure) is raised here, as is the exception of a call that failed as a whole."""
         loop = asyncio.get_running_loop()
         entry = _Entry(item, loop.create_future(), time.perf_counter())
         self._queue.append(entry)
@@ -301,8 +306,12 @@ class Batcher:
                     entry.future.set_exception(error)
             return
         for entry, result in zip(batch, results, strict=True):
-            if not entry.future.done():
-                entry.future.set_result(result)
+            future = entry.future
+            if not future.done():
+                if type(result) is Failed:
+                    future.set_exception(result.error)  # one request's own failure (see `Failed`)
+                else:
+                    future.set_result(result)
 
     def close(self) -> None:
         if self.threads is not None:
@@ -322,7 +331,8 @@ RunFeeds = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 class Failed:
-    """One request's exception among the results of a batch: a bad request fails alone, not its batch."""
+    """One request's exception among the results of a batch: a bad request fails alone, not its batch.
+    `Batcher.submit` raises it in that request."""
 
     __slots__ = ("error",)
 
@@ -522,14 +532,9 @@ class TensorBatcher:
             max_concurrency=max_concurrency,
             on_batch=on_batch,
         )
-        self._submit = self.batcher.submit
-
-    async def run(self, feeds: dict[str, np.ndarray]) -> Any:
-        """Wait for the batch of `feeds` to run; its own prediction, or the exception its call raised."""
-        result = await self._submit(feeds)
-        if isinstance(result, Failed):
-            raise result.error
-        return result
+        #: ``await run(feeds)``: wait for the batch of `feeds` to run; its own prediction, or the exception
+        #: its call raised.
+        self.run: Callable[[dict[str, np.ndarray]], Awaitable[Any]] = self.batcher.submit
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -238,6 +238,30 @@ def test_a_batch_runs_every_sync_stage_on_the_apis_own_warm_thread(lean) -> None
     assert {ident for _, ident in seen} == {threads.idents[0]}  # the same thread, every stage, every call
 
 
+def test_the_requests_of_a_batch_cost_the_loop_one_thread_hop(lean) -> None:  # type: ignore[no-untyped-def]
+    client, backend = lean
+    thread = backend.batcher.threads.idents[0]
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            answers = await asyncio.gather(*(http.post("/lean", json={"x": x}) for x in range(12)))
+        return [answer.json()["doubled"] for answer in answers]
+
+    backend.instance.threads.clear()
+    assert client.portal.call(scenario) == [2 * x for x in range(12)]
+    seen = backend.instance.threads
+    assert {ident for _, ident in seen} == {thread}
+    # Batch by batch, in one job of the batch's thread: each request's preprocess, one predict over them, each
+    # request's postprocess (a hop per request would interleave the stages of requests of other batches).
+    letters = "".join({"preprocess": "a", "predict": "b", "postprocess": "c"}[stage] for stage, _ in seen)
+    batches = re.findall(r"(a+)b(c+)", letters)
+    assert "".join(pre + "b" + post for pre, post in batches) == letters
+    assert all(len(pre) == len(post) for pre, post in batches)
+    assert sum(len(pre) for pre, _ in batches) == 12
+    assert max(len(pre) for pre, _ in batches) > 1  # requests did share batches
+
+
 def test_a_failing_stage_fails_its_own_request_only(lean) -> None:  # type: ignore[no-untyped-def]
     client, _ = lean
 

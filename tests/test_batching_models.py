@@ -344,6 +344,28 @@ def test_the_batcher_drops_requests_cancelled_while_the_model_is_busy() -> None:
     asyncio.run(scenario())
 
 
+def test_a_failed_item_fails_its_own_request_only() -> None:
+    from modelserve.batching import Batcher, Failed
+
+    sizes: list[int] = []
+
+    def call(items: list[int]) -> list[object]:
+        sizes.append(len(items))
+        return [Failed(ValueError(f"bad {item}")) if item < 0 else item * 2 for item in items]
+
+    async def scenario() -> list[object]:
+        batcher = Batcher(sync_call=call, name="t", max_batch_size=8)
+        try:
+            return await asyncio.gather(*(batcher.submit(item) for item in (1, -1, 3)), return_exceptions=True)
+        finally:
+            batcher.close()
+
+    first, failed, last = asyncio.run(scenario())
+    assert sizes == [3]  # one batch, whose failed row did not fail the others
+    assert (first, last) == (2, 6)
+    assert isinstance(failed, ValueError) and str(failed) == "bad -1"
+
+
 def test_the_stacker_groups_stackable_requests_and_runs_the_others_alone() -> None:
     from modelserve.batching import Failed, FeedStacker
 

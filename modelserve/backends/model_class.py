@@ -273,19 +273,15 @@ class ModelClassBackend(Backend):
         submit = self.batcher.submit
 
         if fold:
-
-            async def run_folded(value: Any, request: Any) -> Any:
-                result = await submit((value, request, current.get()))
-                if type(result) is Failed:
-                    raise result.error
-                return result
-
-            return [Stage("predict", run_folded, True, shared=True)]
-
-        async def batched(value: Any, request: Any) -> Any:
-            return await submit(value)
-
-        return [*stages[:index], Stage("predict", batched, True, shared=True), *stages[index + 1 :]]
+            # The request's place in a batch, with what its own stages need in the batch's thread (a `Failed`
+            # result, its own stage's failure, is raised by submit): no coroutine of its own per request.
+            get_context = current.get
+            return [Stage("predict", lambda value, request: submit((value, request, get_context())), True, shared=True)]
+        return [
+            *stages[:index],
+            Stage("predict", lambda value, request: submit(value), True, shared=True),
+            *stages[index + 1 :],
+        ]
 
     async def close(self) -> None:
         batcher = getattr(self, "batcher", None)
