@@ -11,7 +11,12 @@ Servers, each its own process on a free loopback port, access log off, taking tu
   one process: what its stack can carry at best);
 * ``unbatched``: ``python -m modelserve`` with the stand-in called once per request;
 * ``batched``: ``batching: {max_batch_size: 64, max_wait_ms: 0}``;
-* ``batched-w2``: the same with ``--workers 2``.
+* ``batched-w2``: the same with ``--workers 2``;
+* ``batched-nomodel`` (only when named in ``--servers``): ``batched`` with a ``predict`` that costs nothing,
+  what modelserve's own batched path costs a request beside the floor's.
+
+Pinned by default (``--no-pin`` to stop it): the servers on CPU 0, wrk on CPU 1, so that a server's CPU is
+one core it does not share with the load generator, as for the issue's targets on 2 cores.
 
 When ``torch`` with CUDA is available, the same four for BERT-base (``transformers`` ``BertConfig()``, random
 weights, fp16, 128 token ids in, the 768-float [CLS] embedding out) and ResNet-50 (``torchvision``,
@@ -19,6 +24,9 @@ weights, fp16, 128 token ids in, the 768-float [CLS] embedding out) and ResNet-5
 (host arrays in, lists out, no HTTP) measured in the same run.
 
 Each cell is the median over the rounds; each ratio the median over the rounds of the ratio within a round.
+``batch`` is the mean batch size of a cell (from the server's ``modelserve_batch_size`` histogram), and the
+stand-in's cost model is printed under its table: per request, the floor's CPU, the batched server's, and
+the model's 2 ms of GIL per call divided by the batch size.
 
     python benchmarks/gpu_serving.py [--duration 3] [--repeats 3] [--concurrency 1,64,256] [--models standin]
 """
@@ -28,12 +36,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -77,7 +87,15 @@ class Single(Batched):
     def predict(self, ids):
         device_call()
         return embed(1)[0]
+
+
+class NoModel(Batched):
+    def predict(self, batch):
+        return list(embed(len(batch)))
 '''
+
+#: The stand-in's GIL time per model call, whatever the batch size (its busy-wait).
+STANDIN_GIL_S = 0.002
 
 STANDIN_FLOOR = """
 import numpy as np
@@ -191,7 +209,7 @@ def project(root: Path, name: str, source: str, cls: str, batch: int | None) -> 
 
 
 def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Path]]:
-    """name -> (command, cwd) of the four servers of one model."""
+    """name -> (command, cwd) of the servers of one model (``batched-nomodel`` for the stand-in only)."""
     source = {"standin": STANDIN, "bert": BERT, "resnet": RESNET}[model]
     floor = STANDIN_FLOOR if model == "standin" else MODEL_FLOOR.format(kind=model)
     base = root / model
@@ -209,7 +227,16 @@ def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Pa
             [*modelserve, str(project(base, "batched2", source, "Batched", batch)), *flags, "--workers", "2"],
             base,
         ),
+        **(
+            {"batched-nomodel": ([*modelserve, str(project(base, "nomodel", source, "NoModel", batch)), *flags], base)}
+            if model == "standin"
+            else {}
+        ),
     }
+
+
+#: The servers run when --servers names none.
+DEFAULT_SERVERS = ("floor", "unbatched", "batched", "batched-w2")
 
 
 def body(model: str) -> tuple[str | bytes, dict[str, str]]:
@@ -241,6 +268,36 @@ def model_alone(root: Path, model: str, batch: int) -> float:
     return calls * batch / (time.perf_counter() - started)
 
 
+_BATCH_SUM = re.compile(rb'^modelserve_batch_size_sum\{api="model"\} (\S+)$', re.M)
+_BATCH_COUNT = re.compile(rb'^modelserve_batch_size_count\{api="model"\} (\S+)$', re.M)
+
+
+def batches(server: ServerProcess) -> tuple[float, float]:
+    """(requests, batches) counted by a modelserve server's batch size histogram so far; zeros for others."""
+    if server.name == "floor":
+        return 0.0, 0.0
+    text = httpx.get(server.url + "/metrics", timeout=10).content
+    total, count = _BATCH_SUM.search(text), _BATCH_COUNT.search(text)
+    return (float(total.group(1)), float(count.group(1))) if total and count else (0.0, 0.0)
+
+
+@dataclass
+class Cell:
+    """One wrk run of one server, with the mean size of the batches it made (0: not batched, or not known)."""
+
+    run: Run
+    batch: float
+
+
+def measure_cell(server: ServerProcess, script: Path, connections: int, seconds: float, pin: str | None) -> Cell:
+    before = batches(server)
+    run = measure(server, server.url + "/model", script, connections, seconds, pin)
+    after = batches(server)
+    count = after[1] - before[1]
+    # With --workers 2 each scrape reads one worker: the difference of two scrapes means nothing.
+    return Cell(run, (after[0] - before[0]) / count if count > 0 and not server.name.endswith("w2") else 0.0)
+
+
 def answers(url: str, payload: str | bytes, headers: dict[str, str]) -> bool:
     content_type = headers.get("Content-Type", "application/json")
     answer = httpx.post(url + "/model", content=payload, headers={"content-type": content_type}, timeout=10)
@@ -248,9 +305,11 @@ def answers(url: str, payload: str | bytes, headers: dict[str, str]) -> bool:
 
 
 def report(
-    model: str, runs: dict[tuple[str, int], list[Run]], names: list[str], levels: list[int], limit: float
+    model: str, cells: dict[tuple[str, int], list[Cell]], names: list[str], levels: list[int], limit: float
 ) -> None:
+    runs = {key: [cell.run for cell in value] for key, value in cells.items()}
     results = {key: median_run(value) for key, value in runs.items()}
+    sizes = {key: statistics.median(cell.batch for cell in value) for key, value in cells.items()}
 
     def ratio(name: str, other: str, connections: int) -> float:
         return paired_ratios(runs[(name, connections)], runs[(other, connections)])[0]
@@ -260,18 +319,36 @@ def report(
         return statistics.median(getattr(run, field) / getattr(base, field) for run, base in pairs)
 
     header = (
-        f"{'conc':>5}  {'server':<11}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'of floor':>10}{'of model':>10}"
-        f"{'cpu us/req':>12}"
+        f"{'conc':>5}  {'server':<16}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'of floor':>10}{'of model':>10}"
+        f"{'cpu us/req':>12}{'batch':>7}"
     )
     print(header)
     print("-" * len(header))
     for connections in levels:
         for i, name in enumerate(names):
-            run = results[(name, connections)]
+            run, size = results[(name, connections)], sizes[(name, connections)]
             of_floor = ratio(name, "floor", connections) if "floor" in names else float("nan")
             print(
-                f"{connections if i == 0 else '':>5}  {name:<11}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
+                f"{connections if i == 0 else '':>5}  {name:<16}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
                 f"{of_floor:>9.0%} {run.rps / limit:>9.0%} {run.cpu_us:>11.0f}"
+                f"{f'{size:.1f}' if size else '-':>7}"
+            )
+    if model == "standin" and {"floor", "batched"} <= set(names):
+        # The bound: a server doing the floor's work per request plus the model's GIL time shared by a batch.
+        print(
+            "\ncost model (stand-in), CPU us per request, medians: the model holds the GIL 2 ms a call, so "
+            "2000 / batch a request;\nbound = the share of the floor left with nothing beside the model but "
+            "the floor's own work, floor / (floor + 2000 / batch)"
+        )
+        print(f"{'conc':>5}  {'floor':>7}{'batched':>9}{'no model':>10}{'batch':>7}{'model/req':>11}{'bound':>7}")
+        for connections in levels:
+            floor, batched = results[("floor", connections)].cpu_us, results[("batched", connections)].cpu_us
+            size = sizes[("batched", connections)] or 1.0
+            model_share = STANDIN_GIL_S * 1e6 / size
+            bare = results.get(("batched-nomodel", connections))
+            print(
+                f"{connections:>5}  {floor:>7.0f}{batched:>9.0f}{f'{bare.cpu_us:.0f}' if bare else '-':>10}"
+                f"{size:>7.1f}{model_share:>11.0f}{floor / (floor + model_share):>7.0%}"
             )
     print(f"\ntargets ({model}), medians of the ratios within a round:")
 
@@ -304,8 +381,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds; each cell is the median (default 3)")
     parser.add_argument("--concurrency", default="1,64,256", help="wrk connections, comma-separated")
     parser.add_argument("--models", default=None, help="standin,bert,resnet (default: standin, and both with CUDA)")
-    parser.add_argument("--servers", default=None, help="only these servers, comma-separated (default all)")
+    parser.add_argument(
+        "--servers", default=None, help=f"these servers, comma-separated (default {','.join(DEFAULT_SERVERS)})"
+    )
     parser.add_argument("--batch", type=int, default=64, help="max_batch_size of the batched servers (default 64)")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="servers on CPU 0, wrk on CPU 1 (default; --no-pin on a machine with more cores)",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
@@ -315,28 +400,33 @@ def main() -> None:
     print(
         f"gpu_serving: wrk {args.duration} s x {args.repeats} rounds, cpu={os.cpu_count()}, "
         f"load average {os.getloadavg()[0]:.1f}, python {sys.version.split()[0]}, "
+        f"pinned={'yes (servers on CPU 0, wrk on CPU 1)' if args.pin else 'no'}, "
         f"cuda={'yes' if cuda else 'no (torch with CUDA not available: the stand-in only)'}\n"
     )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for model in models:
             commands = servers(root, model, args.batch)
-            if args.servers:
-                commands = {name: commands[name] for name in args.servers.split(",")}
+            wanted = args.servers.split(",") if args.servers else list(DEFAULT_SERVERS)
+            unknown = [name for name in wanted if name not in commands]
+            if unknown:
+                sys.exit(f"unknown servers for {model}: {', '.join(unknown)} (known: {', '.join(commands)})")
+            commands = {name: commands[name] for name in wanted}
             limit = model_alone(root, model, args.batch)
             payload, headers = body(model)
             script = write_wrk_script(root / f"{model}.lua", payload, headers)
-            started = [ServerProcess(name, command, cwd, None) for name, (command, cwd) in commands.items()]
-            runs: dict[tuple[str, int], list[Run]] = {}
+            server_cpu, wrk_cpu = ("0", "1") if args.pin else (None, None)
+            started = [ServerProcess(name, command, cwd, server_cpu) for name, (command, cwd) in commands.items()]
+            cells: dict[tuple[str, int], list[Cell]] = {}
             try:
                 for server in started:
                     server.wait_ready(partial(answers, payload=payload, headers=headers), timeout=300)
-                    wrk(server.url + "/model", script, max(levels), 1.0, None)  # warm up
+                    wrk(server.url + "/model", script, max(levels), 1.0, wrk_cpu)  # warm up
                 for _ in range(args.repeats):
                     for connections in levels:
                         for server in started:
-                            run = measure(server, server.url + "/model", script, connections, args.duration, None)
-                            runs.setdefault((server.name, connections), []).append(run)
+                            cell = measure_cell(server, script, connections, args.duration, wrk_cpu)
+                            cells.setdefault((server.name, connections), []).append(cell)
             finally:
                 for server in started:
                     server.stop()
@@ -344,7 +434,7 @@ def main() -> None:
                 f"{model}: model alone at batch {args.batch}: {limit:,.0f} items/s (no HTTP)  "
                 f"load average now {os.getloadavg()[0]:.1f}"
             )
-            report(model, runs, list(commands), levels, limit)
+            report(model, cells, list(commands), levels, limit)
             print()
 
 
