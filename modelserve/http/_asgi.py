@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -83,15 +84,16 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
 
 def disconnected(receive: Receive) -> Any:
     """A `cancelled` awaitable for `Api.call`: completes when the client disconnects (after the body was read,
-    the server's next message for the request is the disconnect)."""
+    the server's next message for the request is the disconnect). A partial: no Python frame to make one."""
+    return partial(wait_disconnect, receive)
 
-    async def wait() -> str:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return "disconnect"
 
-    return wait
+async def wait_disconnect(receive: Receive) -> str:
+    """Wait until the client disconnects (a `cancelled` awaitable for `Api.call`, with ``partial``)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return "disconnect"
 
 
 async def send_body(

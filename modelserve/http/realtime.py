@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -27,7 +28,7 @@ from modelserve.codecs import (
 )
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
-from modelserve.http._asgi import CLOSE, check_length, disconnected, read_body, request_headers, send_body, send_json
+from modelserve.http._asgi import CLOSE, check_length, read_body, request_headers, send_body, send_json, wait_disconnect
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream
 from modelserve.logs import access_writer
@@ -57,8 +58,9 @@ class RealtimeEndpoint:
         try:
             # Admission before work: a request that will be refused is refused before its body is read.
             limit = api.config.max_body_size
-            check_length(limit, content_length)
             size = int(content_length) if content_length is not None and content_length.isdigit() else 0
+            if size > limit:
+                check_length(limit, content_length)  # raises PayloadTooLarge
             try:
                 api.admit(size)
             except ServiceUnavailable as exc:
@@ -78,7 +80,8 @@ class RealtimeEndpoint:
             except BaseException:
                 api.unadmit(size)
                 raise
-            result = await api.call(value, ctx, request=request, cancelled=disconnected(receive), admitted=size)
+            cancelled = partial(wait_disconnect, receive)
+            result = await api.call(value, ctx, request=request, cancelled=cancelled, admitted=size)
             if len(body) > DECODE_INLINE_MAX and value is not None:
                 # A large value is freed in a worker thread, a piece at a time, rather than on the loop.
                 box, value = [value], None
