@@ -122,21 +122,9 @@ class Adaptive:
         return THREAD
 
     async def call(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
-        # `inline` and `record`, written out: this runs on every request, where each method call counts.
-        estimate = self.estimate
-        if estimate is not None:
-            usual = self.usual_size
-            if (estimate * (size / usual) if size > usual else estimate) < self.threshold:
-                self.inline_calls += 1
-                started = perf_counter()
-                try:
-                    return fn(*args)
-                finally:
-                    seconds = perf_counter() - started
-                    self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
-                    self.usual_size = usual + ALPHA * ((size if size > 1.0 else 1.0) - usual)
-                    if seconds > BLOCKED_LOG_S and seconds > BLOCKED_FACTOR * self.threshold:
-                        self._blocked(seconds)
+        result = self.now(fn, *args, size=size)
+        if result is not THREAD:
+            return result
         self.thread_calls += 1
         if self.threads is not None:
             return await self.threads.run_here(self._timed, fn, args, size)

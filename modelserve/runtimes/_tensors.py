@@ -76,23 +76,6 @@ class _Unusable(Exception):
 # One function per dtype kind: value -> array of exactly `dtype`, or _Unusable.
 
 
-def _all_finite(array: np.ndarray, blas: bool) -> bool:
-    """Whether no element is NaN or infinite.
-
-    For float32 and float64 the dot product of the array with itself (one BLAS call) is finite when every
-    element is, and takes a fraction of ``np.isfinite(array).all()`` (two ufunc calls, microseconds even for
-    four numbers). It may also overflow for elements above ~1e19 (float32); then the full test decides.
-    """
-    if blas:
-        flat = array.reshape(-1)
-        try:
-            if math.isfinite(flat.dot(flat)):
-                return True
-        except RuntimeWarning:  # the overflow warning, where warnings are errors (tests)
-            pass
-    return bool(np.isfinite(array).all())
-
-
 def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
     blas = dtype in (np.float32, np.float64)
 
@@ -106,8 +89,10 @@ def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
             array = np.asarray(value, dtype=dtype)
         except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:
             raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
-        # JSON has no NaN or infinity: one here came from a null, or a number too large for the dtype.
-        # (The usual case of `_all_finite`, written out: one BLAS call, no frame.)
+        # JSON has no NaN or infinity: one here came from a null, or a number too large for the dtype. For
+        # float32 and float64 the dot product of the array with itself (one BLAS call) is finite when every
+        # element is, and takes a fraction of ``np.isfinite(array).all()`` (two ufunc calls, microseconds even
+        # for four numbers); it may also overflow for elements above ~1e19 (float32): then the full test decides.
         if blas:
             flat = array.reshape(-1)
             try:
@@ -115,7 +100,7 @@ def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
                     return array
             except RuntimeWarning:  # the overflow warning, where warnings are errors (tests)
                 pass
-        if not _all_finite(array, blas):
+        if not np.isfinite(array).all():
             raise _Unusable(f"holds a null or a number out of the range of {dtype.name}")
         return array
 
