@@ -233,13 +233,17 @@ def from_json(name: str, datatype: str, shape: Sequence[int], data: Any, text: b
             array = np.asarray(data, dtype=dtype)
         except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:  # the warning where it is an error
             raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({exc})") from None
-        # JSON has no NaN or infinity: one here was a null, or a number out of the datatype's range. (`_finite`'s
-        # dot product written out for float32/64: a frame less on every request.)
+        # JSON has no NaN or infinity: one here was a null, or a number out of the datatype's range. For float32/64
+        # the dot product of the array with itself (one BLAS call, a tenth of ``np.isfinite(array).all()`` for a
+        # few numbers; see runtimes._tensors) is finite when every element is; the full test when it is not.
+        finite = False
         if dtype.itemsize >= 4:
             flat = array.reshape(-1)
-            if not math.isfinite(flat.dot(flat)) and not _finite(array):
-                raise BadRequest(f"input '{name}': 'data' holds a null or a number out of the range of {datatype}")
-        elif not _finite(array):
+            try:
+                finite = math.isfinite(flat.dot(flat))
+            except RuntimeWarning:  # an overflow, where warnings are errors (tests)
+                pass
+        if not finite and not np.isfinite(array).all():
             raise BadRequest(f"input '{name}': 'data' holds a null or a number out of the range of {datatype}")
     elif datatype == "BYTES":
         array = _strings_from_json(name, data, text)
@@ -279,16 +283,6 @@ def _numbers_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any
             f"input '{name}': 'data' holds {low if low < info.min else high}, out of the range of {datatype}"
         )
     return raw.astype(dtype, copy=False)
-
-
-def _finite(array: np.ndarray) -> bool:
-    """Whether no element is NaN or infinite: for float32/64 one BLAS dot product first (a tenth of
-    ``np.isfinite(array).all()`` for a few numbers; see runtimes._tensors), the full test when it overflows."""
-    if array.dtype.itemsize >= 4:
-        flat = array.reshape(-1)
-        if math.isfinite(flat.dot(flat)):
-            return True
-    return bool(np.isfinite(array).all())
 
 
 def _strings_from_json(name: str, data: Any, text: bool) -> np.ndarray:
@@ -554,6 +548,14 @@ class Signature:
         # What each request is checked against, worked out once: name -> (dtype, rank, fixed dimensions).
         self._expected = None if inputs is None else {meta.name: _expectation(meta) for meta in inputs}
         self._outputs = None if outputs is None else {meta.name for meta in outputs}
+        # `fast_request`'s expectations: the datatype's name too; only for models whose inputs are all FP32/FP64.
+        self._fast: dict[str, tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]]] | None = None
+        if inputs and all(meta.datatype in ("FP32", "FP64") for meta in inputs):
+            self._fast = {}
+            for meta in inputs:
+                dtype, rank, fixed = _expectation(meta)
+                assert dtype is not None
+                self._fast[meta.name] = (meta.datatype, dtype, rank, fixed)
 
     def describe(self, name: str) -> dict[str, Any]:
         return {
@@ -563,6 +565,60 @@ class Signature:
             "inputs": [meta.describe() for meta in self.inputs or ()],
             "outputs": [meta.describe() for meta in self.outputs or ()],
         }
+
+    def fast_request(self, body: bytes) -> InferRequest | None:
+        """The usual request, decoded and checked in one pass: a JSON body of nothing but ``inputs``, each with
+        exactly a name, the model's float datatype, a fitting shape and finite ``data``. None for anything else,
+        or anything wrong: then `decode_request` and `check` decode it again and say what is wrong.
+
+        The same value as theirs (a test compares them), at about half their cost: on a small model the two
+        were a tenth of a request's time."""
+        expected = self._fast
+        if expected is None:
+            return None
+        try:
+            header = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if type(header) is not dict or len(header) != 1:
+            return None
+        raw_inputs = header.get("inputs")
+        if type(raw_inputs) is not list or len(raw_inputs) != len(expected):
+            return None
+        inputs = V2Inputs()
+        inputs.parameters = {}
+        for item in raw_inputs:
+            if type(item) is not dict or len(item) != 4:
+                return None
+            name = item.get("name")
+            if type(name) is not str or name in inputs:
+                return None
+            want = expected.get(name)
+            shape = item.get("shape")
+            data = item.get("data")
+            if want is None or type(shape) is not list or data is None:
+                return None
+            datatype, dtype, rank, fixed = want
+            if item.get("datatype") != datatype or (rank >= 0 and len(shape) != rank):
+                return None
+            for dim in shape:
+                if type(dim) is not int or dim < 0:
+                    return None
+            for axis, size in fixed:
+                if shape[axis] != size:
+                    return None
+            try:
+                array = np.asarray(data, dtype=dtype)
+            except (ValueError, TypeError, OverflowError, RuntimeWarning):
+                return None
+            flat = array.reshape(-1)
+            try:
+                if array.size != math.prod(shape) or not math.isfinite(flat.dot(flat)):
+                    return None
+            except RuntimeWarning:  # an overflow, where warnings are errors (tests): the full check decides
+                return None
+            inputs[name] = array.reshape(shape)
+        return InferRequest(None, inputs, None, False)
 
     def check(self, request: InferRequest) -> None:
         """A 400 naming the first input (or requested output) that does not fit the declared tensors."""

@@ -595,3 +595,75 @@ def test_bytes_elements_are_length_prefixed() -> None:
     assert length is not None and body[length:] == data
     with pytest.raises(BadRequest, match="not UTF-8"):
         encode_response("m", InferRequest(None, request.inputs, {"s": False}, False), request.inputs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Signature.fast_request: the usual JSON request in one pass, the same value as decode_request and check
+
+
+def _fast_signature() -> Any:
+    from modelserve.v2 import Signature, TensorMeta
+
+    inputs = (TensorMeta("x", "FP32", (-1, 4)), TensorMeta("w", "FP64", (2,)), TensorMeta("any", "FP32", None))
+    return Signature("onnx_onnxv1", inputs, (TensorMeta("y", "FP32", (-1, 3)),), text=True)
+
+
+def _tensor(name: str, datatype: str, shape: Any, data: Any) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+USUAL = [
+    _tensor("x", "FP32", [2, 4], [[1, 2, 3, 4], [5.5, 6, 7, 8]]),
+    _tensor("w", "FP64", [2], [0.25, -1e100]),
+    _tensor("any", "FP32", [1, 1, 2], [1, 2]),
+]
+
+
+def test_fast_request_gives_what_decode_request_and_check_give() -> None:
+    signature = _fast_signature()
+    for inputs in (USUAL, list(reversed(USUAL))):
+        body = json.dumps({"inputs": inputs}).encode()
+        fast = signature.fast_request(body)
+        slow = decode_request(body, None, signature.raw_input, signature.text)
+        signature.check(slow)
+        assert fast is not None
+        assert (fast.id, fast.outputs, fast.binary_output) == (slow.id, slow.outputs, slow.binary_output)
+        assert fast.inputs.parameters == slow.inputs.parameters == {}
+        assert list(fast.inputs) == list(slow.inputs)
+        for name, array in slow.inputs.items():
+            assert fast.inputs[name].dtype == array.dtype and fast.inputs[name].shape == array.shape
+            np.testing.assert_array_equal(fast.inputs[name], array)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.update(id="1"),  # anything beside inputs
+        lambda d: d.update(parameters={"binary_data_output": True}),
+        lambda d: d["inputs"].pop(),  # a missing input
+        lambda d: d["inputs"].append(_tensor("x", "FP32", [1, 4], [1, 2, 3, 4])),  # twice
+        lambda d: d["inputs"][0].update(name="z"),  # unknown
+        lambda d: d["inputs"][0].update(datatype="FP64"),  # not the model's datatype
+        lambda d: d["inputs"][0].update(shape=[8]),  # wrong rank
+        lambda d: d["inputs"][0].update(shape=[4, 2]),  # wrong fixed dimension
+        lambda d: d["inputs"][0].update(shape=[2, -4]),
+        lambda d: d["inputs"][0].update(shape=[3, 4]),  # data too short
+        lambda d: d["inputs"][0].update(data=[[1, 2, 3, None], [5, 6, 7, 8]]),  # a null
+        lambda d: d["inputs"][0].update(data="1234"),
+        lambda d: d["inputs"][0].pop("data"),
+        lambda d: d["inputs"][0].update(parameters={}),
+        lambda d: d.update(inputs={}),
+    ],
+)
+def test_fast_request_leaves_anything_else_to_decode_request(change: Any) -> None:
+    document = json.loads(json.dumps({"inputs": USUAL}))
+    change(document)
+    assert _fast_signature().fast_request(json.dumps(document).encode()) is None
+
+
+def test_fast_request_is_off_for_models_with_other_datatypes() -> None:
+    from modelserve.v2 import Signature, TensorMeta
+
+    signature = Signature("onnx_onnxv1", (TensorMeta("x", "INT64", (1,)),), None)
+    body = b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}]}'
+    assert signature.fast_request(body) is None

@@ -158,16 +158,22 @@ class V2Model:
                 body = await read_body(receive, limit, None)
                 if encoding is not None:
                     body = _decompressed(body, encoding, limit)
-                header_size = None if header_length is None else _header_length(header_length)
-                if len(body) > DECODE_INLINE_MAX:
-                    request = await _threads.run_sync(
-                        decode_request, body, header_size, signature.raw_input, signature.text
-                    )
+                fast = None
+                if header_length is None and len(body) <= DECODE_INLINE_MAX:
+                    fast = signature.fast_request(body)
+                if fast is not None:
+                    request = fast
                 else:
-                    request = decode_request(body, header_size, signature.raw_input, signature.text)
-                if header_id is None and request.id is not None:
-                    ctx.request_id = sane_request_id(request.id)
-                signature.check(request)
+                    header_size = None if header_length is None else _header_length(header_length)
+                    if len(body) > DECODE_INLINE_MAX:
+                        request = await _threads.run_sync(
+                            decode_request, body, header_size, signature.raw_input, signature.text
+                        )
+                    else:
+                        request = decode_request(body, header_size, signature.raw_input, signature.text)
+                    if header_id is None and request.id is not None:
+                        ctx.request_id = sane_request_id(request.id)
+                    signature.check(request)
                 pipeline = api.backend.pipeline
                 http_request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
             except BaseException:
