@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +34,16 @@ end
 """
 _RESULT = re.compile(r"RESULT (\d+) (\d+) (\d+) (\d+) (\d+) (\d+)")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpus(pin: bool | None) -> tuple[str | None, str | None]:
+    """(server CPU, wrk CPU) for a benchmark's ``--pin``: None picks pinning on machines with 2 or more cores
+    and taskset. Exits when wrk is missing (every caller needs it)."""
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install wrk)")
+    if pin is None:
+        pin = (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
+    return ("0", "1") if pin else (None, None)
 
 
 def free_port() -> int:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -45,7 +44,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import onnx
-from _harness import Run, ServerProcess, measure, median_run, paired_ratios, write_wrk_script, wrk
+from _harness import Run, ServerProcess, cpus, measure, median_run, paired_ratios, write_wrk_script, wrk
 from onnx import TensorProto, helper, numpy_helper
 
 API = "predict"
@@ -265,12 +264,9 @@ def main() -> None:
     parser.add_argument("--models", default="iris,mlp", help="models to serve, comma-separated (iris, mlp)")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("wrk is not installed (apt-get install wrk)")
+    server_cpu, wrk_cpu = cpus(args.pin)
     levels = [int(c) for c in args.concurrency.split(",")]
     models = args.models.split(",")
-    pin = args.pin if args.pin is not None else (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
-    server_cpu, wrk_cpu = ("0", "1") if pin else (None, None)
 
     results: dict[tuple[str, str, int], list[Run]] = {}
     names: dict[str, list[str]] = {}
@@ -304,7 +300,8 @@ def main() -> None:
 
     print(
         f"ONNX serving overhead: wrk {args.duration:g} s x {args.repeats} (median), cpu={os.cpu_count()}, "
-        f"pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}, onnxruntime {onnxruntime.__version__}"
+        f"pinned={'yes' if server_cpu else 'no'}, python {sys.version.split()[0]}, "
+        f"onnxruntime {onnxruntime.__version__}"
     )
     header = (
         f"{'model':<6}{'conc':>5}  {'server':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>8}"

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import httpx
-from _harness import Run, ServerProcess, measure, median_run, write_wrk_script, wrk
+from _harness import Run, ServerProcess, cpus, measure, median_run, write_wrk_script, wrk
 
 BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
 KEY = "overhead-key-" + "0" * 32
@@ -182,11 +181,8 @@ def main() -> None:
     parser.add_argument("--guard", action="store_true", help="add ms-guard: ms-async with API keys, CORS, Host check")
     parser.add_argument("--typed", action="store_true", help="add ms-typed: ms-async validating a pydantic model")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("wrk is not installed (apt-get install wrk)")
+    server_cpu, wrk_cpu = cpus(args.pin)
     levels = [int(c) for c in args.concurrency.split(",")]
-    pin = args.pin if args.pin is not None else (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
-    server_cpu, wrk_cpu = ("0", "1") if pin else (None, None)
 
     results: dict[tuple[str, int], list[Run]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,7 +208,7 @@ def main() -> None:
 
     print(
         f"modelserve overhead: echo over HTTP, wrk {args.duration:g} s x {args.repeats} (median), "
-        f"cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}"
+        f"cpu={os.cpu_count()}, pinned={'yes' if server_cpu else 'no'}, python {sys.version.split()[0]}"
     )
     columns = f"{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/req':>11}{'ratio':>8}"
     header = f"{'pair':<7}{'conc':>5}  {'server':<11}{columns}"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -39,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
-from _harness import Run, ServerProcess, measure, median_run, paired_ratios, write_wrk_script, wrk
+from _harness import Run, ServerProcess, cpus, measure, median_run, paired_ratios, write_wrk_script, wrk
 from onnx_overhead import iris_model, mlp_model
 
 PATH = "/v2/models/predict/infer"
@@ -167,12 +166,9 @@ def main() -> None:
     parser.add_argument("--models", default="iris,mlp", help="models, comma-separated (iris, mlp)")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="servers on CPU 0, wrk on 1")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        sys.exit("wrk is not installed (apt-get install wrk)")
+    server_cpu, wrk_cpu = cpus(args.pin)
     levels = [int(c) for c in args.concurrency.split(",")]
     models = args.models.split(",")
-    pin = args.pin if args.pin is not None else (os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None
-    server_cpu, wrk_cpu = ("0", "1") if pin else (None, None)
 
     results: dict[tuple[str, str, int], list[Run]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -223,7 +219,7 @@ def main() -> None:
 
     print(
         f"V2 (Open Inference Protocol) overhead: wrk {args.duration:g} s x {args.repeats} (median), "
-        f"cpu={os.cpu_count()}, pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}, "
+        f"cpu={os.cpu_count()}, pinned={'yes' if server_cpu else 'no'}, python {sys.version.split()[0]}, "
         f"onnxruntime {onnxruntime.__version__}"
     )
     header = f"{'model':<6}{'conc':>5}  {'target':<12}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'cpu us/req':>12}"
