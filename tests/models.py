@@ -13,6 +13,16 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 #: The iris model's weights: probabilities = softmax(x @ W + B); label = argmax.
+#: A Model class that echoes its inputs and appends a line to calls.log each time predict runs (tests that
+#: show a request was refused, or a safe method ran nothing, read the log).
+LOGGED_ECHO = """
+class Model:
+    def predict(self, inputs):
+        with open("calls.log", "a") as log:
+            log.write("predict\\n")
+        return inputs
+"""
+
 IRIS_W = np.array(
     [[0.4, 0.1, -0.5], [0.9, -0.2, -0.7], [-1.2, 0.3, 0.9], [-1.1, -0.2, 1.3]],
     dtype=np.float32,

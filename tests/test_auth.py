@@ -17,6 +17,7 @@ from modelserve.errors import ConfigError
 from modelserve.http.auth import Access, ApiKeys, KeySet, is_probe
 from modelserve.http.routing import Route, RouteTable
 from tests.conftest import write_project
+from tests.models import LOGGED_ECHO
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +29,7 @@ WRONG_SAME_LENGTH = "k-" + "b" * 30
 WRONG_OTHER_LENGTH = "short"
 ENV = {"TEST_API_KEYS": f"{KEY}, {SECOND_KEY}", "TEST_METRICS_KEY": METRICS_KEY}
 
-MODEL = """
-class Model:
-    def predict(self, inputs):
-        with open("calls.log", "a") as log:
-            log.write("predict\\n")
-        return inputs
-"""
+MODEL = LOGGED_ECHO
 
 JOBS = """
 class Handler:

@@ -15,18 +15,13 @@ import modelserve
 from modelserve.config import CorsConfig
 from modelserve.http.cors import Cors
 from tests.conftest import write_project
+from tests.models import LOGGED_ECHO
 
 ALLOWED = "http://app.example"
 OTHER = "http://evil.example"
 KEY = "cors-test-key-0123456789"
 
-MODEL = """
-class Model:
-    def predict(self, inputs):
-        with open("calls.log", "a") as log:
-            log.write("predict\\n")
-        return inputs
-"""
+MODEL = LOGGED_ECHO
 
 CONFIG = """
 apis:
