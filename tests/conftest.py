@@ -20,10 +20,23 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port that is free now and that this test run has not handed out before.
+
+    The port is closed again before the server binds it, and a server importing TensorFlow binds seconds
+    later: without the set, a second server started meanwhile could be given the same port, and the one
+    that loses the bind race would have its requests answered by the other.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 @contextlib.contextmanager
