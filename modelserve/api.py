@@ -136,6 +136,7 @@ class Api:
             raise self.not_ready()
         watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout, self.notify)
         acquired = streaming = False
+        began = 0.0  # when a call that waited for its slot began (the limiter's estimate of a call's time)
         pipeline = self.backend.pipeline
         work = pipeline.work
         try:
@@ -147,6 +148,7 @@ class Api:
             else:
                 if not limiter.enter_now(admitted):
                     await limiter.acquire(admitted)
+                    began = time.monotonic()
                 acquired = True
                 ctx.release_slot = limiter.release
                 result = await pipeline.run(value, request, ctx)
@@ -172,7 +174,7 @@ class Api:
                 watch.disarm()
                 # leave() also when the slot is not ours: work a thread has not started yet will not start
                 if ctx.leave() and acquired:
-                    limiter.release()
+                    limiter.release(began)
 
     def cancelled(self, ctx: RequestContext) -> GatewayTimeout | ClientDisconnected:
         """The exception a call cancelled by its watch ends with, counted and logged here (once)."""

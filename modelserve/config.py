@@ -98,8 +98,9 @@ class ApiConfig:
     max_body_size: int = DEFAULT_MAX_BODY_SIZE
     #: Body bytes the requests waiting for this API may hold together; beyond, 503 before reading a body.
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
-    #: Seconds a request may wait in the line; one whose turn comes later gets 503 instead (None: no bound).
-    max_queue_wait: float | None = None
+    #: Seconds a request may wait in the line; one whose turn comes later gets 503 instead. "auto": longer than
+    #: the full line takes to go through (only while the line is full); None (`false` in YAML): no bound.
+    max_queue_wait: float | str | None = "auto"
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
     #: What a client's disconnect does to running async user code: "cancel" it, or "notify" it (is_cancelled).
@@ -211,6 +212,15 @@ def _positive_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise _Invalid("a number > 0")
     return float(value)
+
+
+def _queue_wait(value: Any) -> float | str | None:
+    if value == "auto" or value is False:
+        return None if value is False else "auto"
+    try:
+        return _positive_number(value)
+    except _Invalid:
+        raise _Invalid("'auto', a number of seconds > 0, or false") from None
 
 
 def _non_negative_number(value: Any) -> float:
@@ -591,7 +601,7 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.timeout = problems.take(raw, "timeout", _positive_number, where)
     api.max_body_size = problems.take(raw, "max_body_size", _positive_int, where, api.max_body_size)
     api.max_queued_bytes = problems.take(raw, "max_queued_bytes", _positive_int, where, api.max_queued_bytes)
-    api.max_queue_wait = problems.take(raw, "max_queue_wait", _positive_number, where)
+    api.max_queue_wait = problems.take(raw, "max_queue_wait", _queue_wait, where, api.max_queue_wait)
     api.result_ttl = problems.take(raw, "result_ttl", _positive_number, where, api.result_ttl)
     if raw.get("batching") is not None:
         api.batching = _parse_batching(raw["batching"], where, problems)

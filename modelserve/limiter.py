@@ -11,6 +11,13 @@ event loop. Under overload a loop turn is long (every connection that is ready g
 costs loop time): with 150 keep-alive clients flooding a 50 ms API, handing the slot over through the loop
 (the result comes back to the loop, the slot is released there, the next waiter wakes a turn later and only
 then hops to a thread) cost 15-25 ms per call, a third of the API's capacity (`benchmarks/overload.py`).
+
+A waiter may be refused when its turn comes (`max_queue_wait`): after a fixed number of seconds, or, by
+default (`AUTO`), when it has waited longer than the full line's calls take (`max_queue_length` calls of the
+measured call time, `max_concurrency` at a time) while newcomers were being refused, and a younger request
+waits behind it. A full FIFO line makes every accepted request wait the whole line plus what each hand-over
+loses (a loop turn each, under a flood); the default bounds the wait by the calls themselves, and refuses
+only when the API is refusing requests anyway and the slot goes on at once.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from modelserve.errors import QueueFull
 #: The work of a `run` call: runs in a worker thread holding the slot; returns (result, keep), keep True
 #: when the caller keeps the slot (a generator result: the stream gives it back) instead of the thread.
 Work = Callable[[], "tuple[Any, bool]"]
+
+#: `max_queue_wait`'s default: refuse a waiter that waited longer than the full line takes to go through.
+AUTO = "auto"
 
 
 class _Turn:
@@ -75,6 +85,8 @@ class Limiter:
         "on_release",
         "max_queue_wait",
         "_workers",
+        "_call",
+        "_refused_at",
     )
 
     def __init__(
@@ -82,12 +94,17 @@ class Limiter:
         max_concurrency: int,
         max_queue_length: int,
         max_queued_bytes: int | None = None,
-        max_queue_wait: float | None = None,
+        max_queue_wait: float | str | None = None,
     ) -> None:
         self.max_concurrency = max_concurrency
         self.max_queue_length = max_queue_length
-        #: A waiter whose turn comes after waiting longer than this (seconds) is refused instead (None: never).
+        #: A waiter whose turn comes after waiting longer than this (seconds) is refused instead (None: never;
+        #: `AUTO`: longer than the full line takes, see the module's text).
         self.max_queue_wait = max_queue_wait
+        #: Seconds a call holds its slot, a moving average of the calls that end while requests wait (0.0 until
+        #: measured), and when a request was last refused because the line was full.
+        self._call = 0.0
+        self._refused_at = 0.0
         #: The bound on the body bytes of admitted requests that do not run yet (None: no bound).
         self.max_queued_bytes = max_queued_bytes
         self.running = 0
@@ -124,8 +141,7 @@ class Limiter:
 
     def _admit(self, size: int) -> None:
         if self.running + len(self._waiters) + self.admitted >= self.max_concurrency + self.max_queue_length:
-            self.rejected += 1
-            raise QueueFull()
+            raise self._full()
         # One request alone is always admitted (max_body_size bounds it); beside others, the bytes are bounded.
         bound = self.max_queued_bytes
         if bound is not None and self.queued_bytes and self.queued_bytes + size > bound:
@@ -160,9 +176,13 @@ class Limiter:
                 self.queued_bytes -= admitted
             return True
         if admitted is None and len(self._waiters) >= self.max_queue_length:
-            self.rejected += 1
-            raise QueueFull()
+            raise self._full()
         return False
+
+    def _full(self) -> QueueFull:
+        self.rejected += 1
+        self._refused_at = time.monotonic()
+        return QueueFull()
 
     def enter_now(self, admitted: int | None = None) -> bool:
         """Take a free slot without waiting when nobody waits for one (True); else `acquire` must wait.
@@ -223,7 +243,7 @@ class Limiter:
             else:
                 self._waiters.append(turn)
         if now:
-            _threads.submit(self._run_turns, turn)
+            _threads.submit(self._run_turns, turn, False)
         try:
             return await turn.future
         except asyncio.CancelledError:
@@ -244,11 +264,14 @@ class Limiter:
             if isinstance(waiter, _Turn):
                 self.queued_bytes -= waiter.size
 
-    def _run_turns(self, turn: _Turn | None) -> None:
-        """In a worker thread holding a slot: run `turn`'s work, then the work the slot is handed to next."""
+    def _run_turns(self, turn: _Turn | None, waited: bool) -> None:
+        """In a worker thread holding a slot: run `turn`'s work, then the work the slot is handed to next.
+        Only calls that waited for their slot are timed (as on the loop, where a free slot costs no clock)."""
         while turn is not None:
             ok, keep = True, False
             value: Any
+            began = time.monotonic() if waited else 0.0
+            waited = True
             try:
                 value = turn.context.run(turn.work)
                 keep = value[1]
@@ -256,7 +279,7 @@ class Limiter:
                 ok, value = False, exc
             loop, future = turn.loop, turn.future
             # The slot is given back before the caller learns the outcome: a call that returned has its slot back.
-            turn = None if keep else self._next(loop)
+            turn = None if keep else self._next(loop, began)
             loop.call_soon_threadsafe(self._deliver, future, ok, value)
         with self._lock:
             self._workers -= 1
@@ -271,17 +294,25 @@ class Limiter:
         elif ok and value[1]:
             self.release()  # the caller left before it could take the slot its work kept
 
-    def _next(self, loop: asyncio.AbstractEventLoop) -> _Turn | None:
-        """Give a slot back from a worker thread: the next `run` call's turn to run in this thread, if any."""
+    def _next(self, loop: asyncio.AbstractEventLoop, began: float) -> _Turn | None:
+        """Give a slot back from a worker thread (its call began at `began`): the next `run` call's turn to run
+        in this thread, if any."""
         with self._lock:
+            if began and self._waiters:
+                self._measure(time.monotonic() - began)
             while self._waiters:
                 waiter = self._waiters.popleft()
                 if isinstance(waiter, _Turn):
                     self.queued_bytes -= waiter.size
-                    if self._too_late(waiter):
-                        loop.call_soon_threadsafe(self._deliver, waiter.future, False, self._late())
+                    late = self._too_late(waiter)
+                    if late is not None:
+                        loop.call_soon_threadsafe(self._deliver, waiter.future, False, late)
                         continue
                     return waiter
+                late = self._too_late(waiter)
+                if late is not None:
+                    loop.call_soon_threadsafe(self._refuse, waiter, late)
+                    continue
                 loop.call_soon_threadsafe(self._hand, waiter)
                 return None
             self.running -= 1
@@ -289,57 +320,81 @@ class Limiter:
             loop.call_soon_threadsafe(self.on_release)
         return None
 
-    def _too_late(self, waiter: _Waiter | _Turn) -> bool:
-        """Under the lock: True when `waiter` waited past `max_queue_wait` (it is refused, the slot goes on)."""
-        if self.max_queue_wait is None or time.monotonic() - waiter.since <= self.max_queue_wait:
-            return False
-        self.rejected += 1
-        return True
+    def _measure(self, held: float) -> None:
+        """Under the lock, a call that held its slot `held` seconds ended while requests wait."""
+        self._call = held if not self._call else self._call + 0.2 * (held - self._call)
 
-    def _late(self) -> QueueFull:
-        return QueueFull(f"waited longer than this API's max_queue_wait of {self.max_queue_wait:g} s; retry later")
+    def _too_late(self, waiter: _Waiter | _Turn) -> QueueFull | None:
+        """Under the lock, `waiter` just taken from the line for a slot: its refusal when it waited too long
+        (the slot goes on to the next), else None."""
+        bound = self.max_queue_wait
+        if bound is None:
+            return None
+        waited = time.monotonic() - waiter.since
+        if not isinstance(bound, str):
+            if waited <= bound:
+                return None
+            self.rejected += 1
+            return QueueFull(f"waited longer than this API's max_queue_wait of {bound:g} s; retry later")
+        # AUTO: only while newcomers are refused, and with someone behind to take the slot at once
+        if not self._waiters or self._refused_at < waiter.since or not self._call:
+            return None
+        through = self.max_queue_length * self._call / self.max_concurrency
+        if waited <= through:
+            return None
+        self.rejected += 1
+        return QueueFull(
+            f"waited {waited:.3g} s, longer than the calls of this API's full line take ({self.max_queue_length}"
+            f" x {self._call * 1000:.3g} ms / max_concurrency {self.max_concurrency}); retry later"
+        )
+
+    def _refuse(self, future: _Waiter, late: QueueFull) -> None:
+        """On the loop: refuse an `acquire` waiter a thread found too late (unless it has left already)."""
+        if not future.done():
+            future.set_exception(late)
 
     def _hand(self, future: _Waiter) -> None:
-        """On the loop: give a slot a thread released to `future`'s waiter, or on if it has left (or is late)."""
+        """On the loop: give a slot a thread released to `future`'s waiter, or on if it has left."""
         if future.done():
-            self.release()
-        elif self.max_queue_wait is not None and time.monotonic() - future.since > self.max_queue_wait:
-            self.rejected += 1
-            future.set_exception(self._late())
             self.release()
         else:
             future.set_result(None)
 
-    def release(self) -> None:
-        """Give a slot back (on the event loop)."""
+    def release(self, began: float = 0.0) -> None:
+        """Give a slot back (on the event loop); `began`, when known, is the `time.monotonic()` at which the call
+        that held it began."""
         if self._workers:
             with self._lock:
-                handed = self._release()
+                handed = self._release(began)
         elif not self._waiters:
             self.running -= 1  # `_release`, written out for the usual request: nobody waiting
             handed = None
         else:
-            handed = self._release()
+            handed = self._release(began)
         if isinstance(handed, _Turn):
-            _threads.submit(self._run_turns, handed)
+            _threads.submit(self._run_turns, handed, True)
         elif handed is None and self.on_release is not None:
             self.on_release()
 
-    def _release(self) -> _Turn | bool | None:
+    def _release(self, began: float = 0.0) -> _Turn | bool | None:
         """`release` under the lock (or with no thread running turns): the turn to start in a thread (counted in
         `_workers`), True when a waiting `acquire` got the slot, None when the slot is free."""
+        if began and self._waiters:
+            self._measure(time.monotonic() - began)
         while self._waiters:
             waiter = self._waiters.popleft()
             if isinstance(waiter, _Turn):
                 self.queued_bytes -= waiter.size
-                if self._too_late(waiter):
-                    self._deliver(waiter.future, False, self._late())
+                late = self._too_late(waiter)
+                if late is not None:
+                    self._deliver(waiter.future, False, late)
                     continue
                 self._workers += 1
                 return waiter
             if not waiter.done():
-                if self._too_late(waiter):
-                    waiter.set_exception(self._late())
+                late = self._too_late(waiter)
+                if late is not None:
+                    waiter.set_exception(late)
                     continue
                 waiter.set_result(None)
                 return True
