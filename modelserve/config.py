@@ -17,6 +17,7 @@ import yaml
 
 from modelserve.errors import ConfigError
 from modelserve.jobs import STORE_CHOICES, store_kind
+from modelserve.limiter import AUTO
 
 CONFIG_FILE = "modelserve.yaml"
 DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
@@ -100,7 +101,7 @@ class ApiConfig:
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     #: Seconds a request may wait in the line; one whose turn comes later gets 503 instead. "auto": longer than
     #: the full line takes to go through (only while the line is full); None (`false` in YAML): no bound.
-    max_queue_wait: float | str | None = "auto"
+    max_queue_wait: float | str | None = AUTO
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
     #: What a client's disconnect does to running async user code: "cancel" it, or "notify" it (is_cancelled).
@@ -215,8 +216,10 @@ def _positive_number(value: Any) -> float:
 
 
 def _queue_wait(value: Any) -> float | str | None:
-    if value == "auto" or value is False:
-        return None if value is False else "auto"
+    if value is False:
+        return None
+    if value == AUTO:
+        return AUTO
     try:
         return _positive_number(value)
     except _Invalid:

@@ -50,15 +50,7 @@ _BY_DTYPE: dict[np.dtype[Any], str] = {dtype: name for name, dtype in FIXED.item
 #: The native dtypes whose arrays orjson writes as JSON as they are (numbers of 4 bytes or more), with their
 #: datatypes: an answer's usual case, in one lookup.
 _PLAIN: dict[np.dtype[Any], str] = {
-    np.dtype(f"={code}"): name
-    for code, name in (
-        ("i4", "INT32"),
-        ("i8", "INT64"),
-        ("u4", "UINT32"),
-        ("u8", "UINT64"),
-        ("f4", "FP32"),
-        ("f8", "FP64"),
-    )
+    dtype.newbyteorder("="): name for name, dtype in FIXED.items() if dtype.kind in "iuf" and dtype.itemsize >= 4
 }
 _LENGTH = struct.Struct("<I")
 
