@@ -125,9 +125,12 @@ class Api:
         request: Any = None,
         cancelled: Cancelled | None = None,
         admitted: int | None = None,
+        since: float | None = None,
     ) -> Any:
         """Run one call of the API: `value` is the decoded inputs, `request` what a stage taking the request
-        receives, `admitted` the size given to `admit` when the transport admitted the request first.
+        receives, `admitted` the size given to `admit` when the transport admitted the request first, `since`
+        the `time.monotonic()` from which the request counts as waiting when that began before it was read
+        (the transport left its connection unread: `max_queue_wait` counts that time too).
         Returns the result (a `Stream` for a generator) or raises (see the module's docstring)."""
         limiter = self.limiter
         if not self.ready:
@@ -144,10 +147,10 @@ class Api:
                 # Sync stages only: the work waits in the line itself, and the thread that runs it gives the
                 # slot back (to the next waiting work, in the same thread) unless it kept it for a stream.
                 ctx.release_slot = limiter.release
-                result, acquired = await limiter.run(work(value, request, ctx), admitted)
+                result, acquired = await limiter.run(work(value, request, ctx), admitted, since)
             else:
                 if not limiter.enter_now(admitted):
-                    await limiter.acquire(admitted)
+                    await limiter.acquire(admitted, since)
                     began = time.monotonic()
                 acquired = True
                 ctx.release_slot = limiter.release

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="environment variable holding the private key's password",
     )
-    from modelserve.http._protocol import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_HEADER_SIZE
+    from modelserve.http._protocol import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_HEADER_SIZE, REFUSAL_PAUSE
 
     limits = parser.add_argument_group("transport limits")
     limits.add_argument(
@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=BODY_TIMEOUT,
         metavar="SECONDS",
         help=f"seconds a request's body may take after its headers, then closed (default: {BODY_TIMEOUT:g})",
+    )
+    limits.add_argument(
+        "--refusal-pause",
+        type=float,
+        default=REFUSAL_PAUSE,
+        metavar="SECONDS",
+        help="seconds a connection is left unread after a 503 because the line was full; 0: not paused"
+        f" (default: {REFUSAL_PAUSE:g})",
     )
     return parser
 
@@ -321,6 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1 and args.reload:
         print("modelserve: error: --reload and --workers cannot be used together", file=sys.stderr)
         return EXIT_USAGE
+    if args.refusal_pause < 0 or args.refusal_pause > 1:
+        print("modelserve: error: --refusal-pause must be between 0 and 1 second", file=sys.stderr)
+        return EXIT_USAGE
     if args.max_header_size < 1 or args.header_timeout <= 0 or args.body_timeout <= 0:
         print(
             "modelserve: error: --max-header-size, --header-timeout and --body-timeout must be positive",
@@ -379,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from modelserve.http._protocol import TransportLimits, uvicorn_settings
 
-    limits = TransportLimits(args.max_header_size, args.header_timeout, args.body_timeout)
+    limits = TransportLimits(args.max_header_size, args.header_timeout, args.body_timeout, args.refusal_pause)
     config_kwargs: dict[str, Any] = {
         "host": args.host,
         "port": args.port,

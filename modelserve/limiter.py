@@ -46,11 +46,11 @@ class _Turn:
 
     __slots__ = ("work", "size", "since", "context", "future", "loop")
 
-    def __init__(self, work: Work, size: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, work: Work, size: int, loop: asyncio.AbstractEventLoop, since: float | None) -> None:
         self.work = work
         #: The body bytes it holds while it waits (counted in `Limiter.queued_bytes`).
         self.size = size
-        self.since = time.monotonic()
+        self.since = time.monotonic() if since is None else since
         self.context = contextvars.copy_context()
         self.loop = loop
         self.future: asyncio.Future[tuple[Any, bool]] = loop.create_future()
@@ -59,9 +59,9 @@ class _Turn:
 class _Waiter(asyncio.Future):  # type: ignore[type-arg]
     """An `acquire` call's place in the line: a future that knows since when it waits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, since: float | None) -> None:
         super().__init__(loop=loop)
-        self.since = time.monotonic()
+        self.since = time.monotonic() if since is None else since
 
 
 class Limiter:
@@ -200,19 +200,20 @@ class Limiter:
         self.running += 1
         return True
 
-    async def acquire(self, admitted: int | None = None) -> None:
+    async def acquire(self, admitted: int | None = None, since: float | None = None) -> None:
         """Wait for a slot. `admitted` is the size given to `admit` (None for a request never admitted, which
-        is refused with `QueueFull` when the line is full)."""
+        is refused with `QueueFull` when the line is full); `since`, the `time.monotonic()` from which the
+        request counts as waiting when it began to wait before it could be read (default: now)."""
         if self._workers:
             with self._lock:
                 if self._enter(admitted):
                     return
-                future = _Waiter(asyncio.get_running_loop())
+                future = _Waiter(asyncio.get_running_loop(), since)
                 self._waiters.append(future)
         else:
             if self._enter(admitted):
                 return
-            future = _Waiter(asyncio.get_running_loop())
+            future = _Waiter(asyncio.get_running_loop(), since)
             self._waiters.append(future)
         try:
             await future
@@ -227,15 +228,16 @@ class Limiter:
                 with self._lock:
                     self.queued_bytes -= admitted
 
-    async def run(self, work: Work, admitted: int | None = None) -> tuple[Any, bool]:
-        """Run `work` in a worker thread once a slot is free, and return what it returned.
+    async def run(self, work: Work, admitted: int | None = None, since: float | None = None) -> tuple[Any, bool]:
+        """Run `work` in a worker thread once a slot is free, and return what it returned (`admitted` and
+        `since` as in `acquire`).
 
         The thread gives the slot back as soon as `work` has returned (unless it said to keep it: then the
         caller releases it), and runs the next waiting `run` call's work at once. When the caller is cancelled
         it stops waiting; work that had started runs on and keeps its slot until it returns.
         """
         loop = asyncio.get_running_loop()
-        turn = _Turn(work, admitted or 0, loop)
+        turn = _Turn(work, admitted or 0, loop, since)
         with self._lock:
             now = self._enter(admitted)
             if now:

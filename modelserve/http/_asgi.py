@@ -9,7 +9,7 @@ from starlette.types import Receive, Scope, Send
 
 from modelserve.codecs import JSON_TYPE, encode_json
 from modelserve.context import new_request_id, sane_request_id
-from modelserve.errors import ClientDisconnected, PayloadTooLarge
+from modelserve.errors import ClientDisconnected, PayloadTooLarge, QueueFull
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -38,6 +38,21 @@ def request_headers(scope: Scope) -> tuple[str, str | None, str | None, str | No
         content_length,
         accept,
     )
+
+
+#: The scope key of a request refused because its API's line was full: the transport then leaves the connection
+#: unread for a moment (`modelserve.http._protocol`), so that a client retrying at once cannot take the loop's
+#: turns from the calls in flight.
+REFUSED = "modelserve.refused"
+#: The scope key of the first request read from a connection after such a pause: the `time.monotonic()` at
+#: which the pause began, the earliest its client may have sent it. Its wait in the line counts from then.
+ARRIVED = "modelserve.arrived"
+
+
+def mark_refused(scope: Scope, exc: BaseException) -> None:
+    """Mark `scope` when `exc` refuses its request because the line was full."""
+    if isinstance(exc, QueueFull):
+        scope[REFUSED] = True
 
 
 #: Sent with a refusal that leaves a body unread: the server closes the connection instead of reading (and

@@ -28,7 +28,17 @@ from modelserve.codecs import (
 )
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
-from modelserve.http._asgi import CLOSE, check_length, read_body, request_headers, send_body, send_json, wait_disconnect
+from modelserve.http._asgi import (
+    ARRIVED,
+    CLOSE,
+    check_length,
+    mark_refused,
+    read_body,
+    request_headers,
+    send_body,
+    send_json,
+    wait_disconnect,
+)
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream
 from modelserve.logs import access_writer
@@ -81,7 +91,8 @@ class RealtimeEndpoint:
                 api.unadmit(size)
                 raise
             cancelled = partial(wait_disconnect, receive)
-            result = await api.call(value, ctx, request=request, cancelled=cancelled, admitted=size)
+            since = scope.get(ARRIVED)
+            result = await api.call(value, ctx, request=request, cancelled=cancelled, admitted=size, since=since)
             if len(body) > DECODE_INLINE_MAX and value is not None:
                 # A large value is freed in a worker thread, a piece at a time, rather than on the loop.
                 box, value = [value], None
@@ -107,6 +118,7 @@ class RealtimeEndpoint:
         except StreamAborted:
             raise  # the answer has begun: the server ends it without a clean end (logged once, in the stream)
         except Exception as exc:
+            mark_refused(scope, exc)
             status = await send_error(send, exc, request_id)
         finally:
             current.reset(token)

@@ -37,7 +37,7 @@ from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, DECODE_INLINE_MAX, JSON_TYPE
 from modelserve.context import RequestContext, current, new_request_id, sane_request_id
 from modelserve.errors import BadRequest, ConfigError, LoadError, PayloadTooLarge, ServiceUnavailable, UserCodeError
-from modelserve.http._asgi import check_length, disconnected, read_body, send_body, send_json
+from modelserve.http._asgi import ARRIVED, check_length, disconnected, mark_refused, read_body, send_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.realtime import _request_with_body
 from modelserve.http.routing import Route
@@ -180,7 +180,12 @@ class V2Model:
                 api.unadmit(size)
                 raise
             result = await api.call(
-                request.inputs, ctx, request=http_request, cancelled=disconnected(receive), admitted=size
+                request.inputs,
+                ctx,
+                request=http_request,
+                cancelled=disconnected(receive),
+                admitted=size,
+                since=scope.get(ARRIVED),
             )
             if isinstance(result, Stream):
                 await result.aclose()
@@ -200,6 +205,7 @@ class V2Model:
             except Exception:
                 status = 503
         except Exception as exc:
+            mark_refused(scope, exc)
             status = await send_error(send, exc, ctx.request_id)
         finally:
             current.reset(token)

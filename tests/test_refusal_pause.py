@@ -1,0 +1,121 @@
+"""The refusal pause through a real server and raw keep-alive sockets: after a 503 because the line was full,
+the connection is left unread for ``--refusal-pause`` seconds; its next request is then read and answered
+(nothing is dropped), and other connections, other answers and ``--refusal-pause 0`` are not paused."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import write_project
+
+PROJECT = {
+    "modelserve.yaml": """
+        apis:
+          - name: slow
+            handler: {path: model.py}
+            max_concurrency: 1
+            max_queue_length: 0
+    """,
+    "model.py": """
+        import time
+
+        class Model:
+            def predict(self, inputs):
+                time.sleep(inputs["sleep"])
+                return {"slept": inputs["sleep"]}
+    """,
+}
+
+PAUSE = 0.6
+
+
+def request(path: str = "/slow", sleep: float = 0.0) -> bytes:
+    body = b'{"sleep": %g}' % sleep
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0]
+    length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+    while len(data) < len(head) + 4 + length:
+        data += sock.recv(65536)
+    return data
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def start(start_server: Any, tmp_path: Path, pause: float) -> Any:
+    server = start_server(write_project(tmp_path, PROJECT), "--refusal-pause", str(pause))
+    server.wait_ready()
+    return server
+
+
+@pytest.mark.slow
+def test_a_connection_refused_for_a_full_line_is_read_again_after_the_pause(start_server: Any, tmp_path: Path) -> None:
+    server = start(start_server, tmp_path, PAUSE)
+    with connect(server.port) as busy, connect(server.port) as refused, connect(server.port) as other:
+        busy.sendall(request(sleep=3 * PAUSE))  # holds the only slot
+        time.sleep(0.3)
+        refused.sendall(request())
+        assert read_answer(refused).startswith(b"HTTP/1.1 503"), "the line is full"
+        answered = time.monotonic()
+        refused.sendall(request())  # sent at once: waits in the connection, unread, for the pause
+        # Another connection is not paused: its request is read and answered while the first one waits.
+        other.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_answer(other).startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - answered < PAUSE, "the other connection's answer came after the pause"
+        again = read_answer(refused)
+        assert time.monotonic() - answered >= PAUSE * 0.9, "the paused connection was read before its pause ended"
+        assert again.startswith(b"HTTP/1.1 503"), "the slot is still held: refused again, not dropped"
+        assert read_answer(busy).startswith(b"HTTP/1.1 200")
+        # Once the slot is free the same connection's request is served (after this refusal's pause).
+        refused.sendall(request())
+        assert read_answer(refused).startswith(b"HTTP/1.1 200")
+        began = time.monotonic()
+        for _ in range(5):  # a success is not followed by a pause
+            refused.sendall(request())
+            assert read_answer(refused).startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - began < 5 * PAUSE / 2
+
+
+@pytest.mark.slow
+def test_a_pause_of_zero_leaves_refused_connections_read_at_once(start_server: Any, tmp_path: Path) -> None:
+    server = start(start_server, tmp_path, 0)
+    with connect(server.port) as busy, connect(server.port) as refused:
+        busy.sendall(request(sleep=2.0))
+        time.sleep(0.3)
+        began = time.monotonic()
+        for _ in range(20):  # 20 refusals in a row take far less than 20 pauses would
+            refused.sendall(request())
+            assert read_answer(refused).startswith(b"HTTP/1.1 503")
+        assert time.monotonic() - began < 20 * PAUSE / 2
+        assert read_answer(busy).startswith(b"HTTP/1.1 200")
+
+
+def test_the_refusal_pause_must_be_a_short_time(tmp_path: Path) -> None:
+    root = write_project(tmp_path, PROJECT)
+    for value in ("-1", "5"):
+        done = subprocess.run(
+            [sys.executable, "-m", "modelserve", str(root), "--refusal-pause", value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "--refusal-pause must be between 0 and 1 second" in done.stderr
