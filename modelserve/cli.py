@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=REFUSAL_PAUSE,
         metavar="SECONDS",
-        help="seconds a connection is left unread after a 503 because the line was full; 0: not paused"
+        help="after a 503 because the line was full, seconds before the connection's next request is read"
+        " (0: at once)"
         f" (default: {REFUSAL_PAUSE:g})",
     )
     return parser

@@ -1,6 +1,7 @@
 """The refusal pause through a real server and raw keep-alive sockets: after a 503 because the line was full,
-the connection is left unread for ``--refusal-pause`` seconds; its next request is then read and answered
-(nothing is dropped), and other connections, other answers and ``--refusal-pause 0`` are not paused."""
+the connection's next request is not read sooner than ``--refusal-pause`` seconds after it; it is then read
+and answered (nothing is dropped), and other connections, a request that comes later anyway, the request
+after a success and ``--refusal-pause 0`` are not held."""
 
 from __future__ import annotations
 
@@ -84,9 +85,12 @@ def test_a_connection_refused_for_a_full_line_is_read_again_after_the_pause(star
         assert time.monotonic() - answered >= PAUSE * 0.9, "the paused connection was read before its pause ended"
         assert again.startswith(b"HTTP/1.1 503"), "the slot is still held: refused again, not dropped"
         assert read_answer(busy).startswith(b"HTTP/1.1 200")
-        # Once the slot is free the same connection's request is served (after this refusal's pause).
+        # Once the slot is free the same connection's request is served; it came long after the last refusal,
+        # so it is not held.
+        began = time.monotonic()
         refused.sendall(request())
         assert read_answer(refused).startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - began < PAUSE / 2
         began = time.monotonic()
         for _ in range(5):  # a success is not followed by a pause
             refused.sendall(request())

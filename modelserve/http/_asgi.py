@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any
 
@@ -40,19 +41,20 @@ def request_headers(scope: Scope) -> tuple[str, str | None, str | None, str | No
     )
 
 
-#: The scope key of a request refused because its API's line was full: the transport then leaves the connection
-#: unread for a moment (`modelserve.http._protocol`), so that a client retrying at once cannot take the loop's
-#: turns from the calls in flight.
+#: The scope key of a request refused because its API's line was full, set to the `time.monotonic()` of the
+#: refusal: the transport reads the connection's next request no sooner than a moment after it
+#: (`modelserve.http._protocol`), so that a client resending at once cannot take the loop's turns from the calls
+#: in flight.
 REFUSED = "modelserve.refused"
-#: The scope key of the first request read from a connection after such a pause: the `time.monotonic()` at
-#: which the pause began, the earliest its client may have sent it. Its wait in the line counts from then.
+#: The scope key of a request that the transport held back that way: the `time.monotonic()` at which its first
+#: bytes came. Its wait in the line counts from then.
 ARRIVED = "modelserve.arrived"
 
 
 def mark_refused(scope: Scope, exc: BaseException) -> None:
     """Mark `scope` when `exc` refuses its request because the line was full."""
     if isinstance(exc, QueueFull):
-        scope[REFUSED] = True
+        scope[REFUSED] = time.monotonic()
 
 
 #: Sent with a refusal that leaves a body unread: the server closes the connection instead of reading (and
