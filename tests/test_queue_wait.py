@@ -81,7 +81,9 @@ def test_by_default_a_request_that_waited_longer_than_the_full_line_takes_is_ref
     refused = answers["C"]
     assert "Retry-After" in refused.headers
     message = refused.json()["error"]
-    assert re.search(r"longer than the calls of this API's full line take \(2 x (99|100)\.?\d* ms", message)
+    # The measured call: B's 100 ms sleep, plus the hand-over (a few ms on a busy machine).
+    measured = re.search(r"longer than the calls of this API's full line take \(2 x ([\d.]+) ms", message)
+    assert measured is not None and 99 <= float(measured.group(1)) < 130, message
 
 
 def test_no_request_is_refused_for_waiting_when_turned_off(server: Any) -> None:
