@@ -5,7 +5,8 @@ keep-alive connection: a client that sends its headers (or its body) a byte a se
 a growing buffer for ever. `LimitedHttpToolsProtocol` is uvicorn's own protocol with four additions, made
 through the parser callbacks httptools documents (``on_headers_complete``, ``on_message_complete``) and
 asyncio's protocol methods (it reads uvicorn's ``url`` and ``headers`` of the request only to size a header
-block that may be too large); it is passed to uvicorn as ``Config(http=...)``, which takes a protocol class:
+block that may be too large, and the scope of its current ``cycle`` and its read ``flow`` control only for the
+refusal pause); it is passed to uvicorn as ``Config(http=...)``, which takes a protocol class:
 
 - request line plus headers over `TransportLimits.max_header_size` bytes: when they are complete, the
   ``on_headers_complete`` callback raises, so the parser fails and uvicorn answers 400 and closes the
@@ -57,7 +58,7 @@ class TransportLimits:
     header_timeout: float = HEADER_TIMEOUT
     #: Seconds from the end of a request's headers to the end of its body.
     body_timeout: float = BODY_TIMEOUT
-    #: Seconds a connection is not read from after a refusal because the line was full (0: not paused).
+    #: Seconds after a refusal because the line was full before the connection's next request is read (0: at once).
     refusal_pause: float = REFUSAL_PAUSE
 
 
