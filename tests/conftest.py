@@ -68,6 +68,23 @@ def redis_server(folder: Path, *options: str) -> Iterator[int]:
         process.wait(10)
 
 
+def read_http_answer(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 answer from a raw socket: its head and its Content-Length of body (the server must not close
+    the connection before it is whole)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0]
+    length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+    while len(data) < len(head) + 4 + length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data
+
+
 def write_project(root: Path, files: dict[str, str]) -> Path:
     """Write a project folder: {relative path: text}; text is dedented."""
     root.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import write_project
+from tests.conftest import read_http_answer, write_project
 
 PROJECT = {
     "modelserve.yaml": """
@@ -44,19 +44,6 @@ def request(path: str = "/slow", sleep: float = 0.0) -> bytes:
     return head.encode() + body
 
 
-def read_answer(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, "the server closed the connection"
-        data += chunk
-    head = data.split(b"\r\n\r\n", 1)[0]
-    length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
-    while len(data) < len(head) + 4 + length:
-        data += sock.recv(65536)
-    return data
-
-
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
 
@@ -74,27 +61,27 @@ def test_a_connection_refused_for_a_full_line_is_read_again_after_the_pause(star
         busy.sendall(request(sleep=3 * PAUSE))  # holds the only slot
         time.sleep(0.3)
         refused.sendall(request())
-        assert read_answer(refused).startswith(b"HTTP/1.1 503"), "the line is full"
+        assert read_http_answer(refused).startswith(b"HTTP/1.1 503"), "the line is full"
         answered = time.monotonic()
         refused.sendall(request())  # sent at once: waits in the connection, unread, for the pause
         # Another connection is not paused: its request is read and answered while the first one waits.
         other.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert read_answer(other).startswith(b"HTTP/1.1 200")
+        assert read_http_answer(other).startswith(b"HTTP/1.1 200")
         assert time.monotonic() - answered < PAUSE, "the other connection's answer came after the pause"
-        again = read_answer(refused)
+        again = read_http_answer(refused)
         assert time.monotonic() - answered >= PAUSE * 0.9, "the paused connection was read before its pause ended"
         assert again.startswith(b"HTTP/1.1 503"), "the slot is still held: refused again, not dropped"
-        assert read_answer(busy).startswith(b"HTTP/1.1 200")
+        assert read_http_answer(busy).startswith(b"HTTP/1.1 200")
         # Once the slot is free the same connection's request is served; it came long after the last refusal,
         # so it is not held.
         began = time.monotonic()
         refused.sendall(request())
-        assert read_answer(refused).startswith(b"HTTP/1.1 200")
+        assert read_http_answer(refused).startswith(b"HTTP/1.1 200")
         assert time.monotonic() - began < PAUSE / 2
         began = time.monotonic()
         for _ in range(5):  # a success is not followed by a pause
             refused.sendall(request())
-            assert read_answer(refused).startswith(b"HTTP/1.1 200")
+            assert read_http_answer(refused).startswith(b"HTTP/1.1 200")
         assert time.monotonic() - began < 5 * PAUSE / 2
 
 
@@ -107,9 +94,9 @@ def test_a_pause_of_zero_leaves_refused_connections_read_at_once(start_server: A
         began = time.monotonic()
         for _ in range(20):  # 20 refusals in a row take far less than 20 pauses would
             refused.sendall(request())
-            assert read_answer(refused).startswith(b"HTTP/1.1 503")
+            assert read_http_answer(refused).startswith(b"HTTP/1.1 503")
         assert time.monotonic() - began < 20 * PAUSE / 2
-        assert read_answer(busy).startswith(b"HTTP/1.1 200")
+        assert read_http_answer(busy).startswith(b"HTTP/1.1 200")
 
 
 def test_the_refusal_pause_must_be_a_short_time(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import write_project
+from tests.conftest import read_http_answer, write_project
 
 PROJECT = {
     "modelserve.yaml": """
@@ -42,18 +42,6 @@ def connect(server: Any) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     return sock
-
-
-def read_answer(sock: socket.socket) -> bytes:
-    """One answer: its head and its Content-Length of body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head = data.split(b"\r\n\r\n", 1)[0]
-    length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
-    while len(data) < len(head) + 4 + length:
-        data += sock.recv(65536)
-    return data
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -95,7 +83,7 @@ def test_requests_within_the_limits_are_served_on_one_connection(server: Any) ->
     with connect(server) as sock:
         for _ in range(3):
             sock.sendall(headers(2) + b"{}")
-            answer = read_answer(sock)
+            answer = read_http_answer(sock)
             assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"{}"), answer
 
 
@@ -117,7 +105,7 @@ def test_a_client_slow_to_send_its_headers_is_cut_off_after_the_timeout(server: 
 def test_an_idle_keep_alive_connection_with_half_a_request_is_closed(server: Any) -> None:
     with connect(server) as sock:
         sock.sendall(headers(2) + b"{}")
-        assert read_answer(sock).startswith(b"HTTP/1.1 200")
+        assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
         started = time.monotonic()
         sock.sendall(b"POST /echo HTTP/1.1\r\n")  # the next request's first line, and nothing more
         assert read_until_closed(sock) == b""
