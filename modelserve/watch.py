@@ -19,6 +19,9 @@ from modelserve.context import RequestContext
 WATCH_AFTER = 0.01
 #: How often the watchdog looks at the requests in flight.
 TICK = 0.005
+#: Ticks the watchdog goes on for with no request in flight before it stops: a server answering one request
+#: at a time then does not start a timer for each of them.
+LINGER = 20
 
 
 class Watch:
@@ -39,8 +42,9 @@ class Watch:
         timeout: float | None,
         notify: bool = False,
     ) -> None:
+        loop = asyncio.get_running_loop()
         self.ctx = ctx
-        self.task = asyncio.current_task()
+        self.task = asyncio.current_task(loop)
         self.cancelled = cancelled
         self.notify = notify
         self.armed = True
@@ -49,7 +53,6 @@ class Watch:
         self.watchdog = watchdog
         self._watcher: asyncio.Task[None] | None = None
         # Registered here rather than through a Watchdog method: this runs on every call.
-        loop = asyncio.get_running_loop()
         self.started = started = loop.time()
         self.deadline = started + timeout if timeout is not None else None
         watchdog.active[self] = None
@@ -111,6 +114,7 @@ class Watchdog:
         self.active: dict[Watch, None] = {}
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Tick on `loop` (a new event loop, as in tests, forgets the handle of the old one)."""
@@ -131,4 +135,10 @@ class Watchdog:
             elif watch._watcher is None and watch.cancelled is not None and watch.started <= watch_before:
                 watch.watch_now()
         if self.active:
-            self._handle = self._loop.call_later(self.tick, self._tick)
+            self._idle = 0
+        elif self._idle < LINGER:
+            self._idle += 1
+        else:
+            self._idle = 0
+            return
+        self._handle = self._loop.call_later(self.tick, self._tick)

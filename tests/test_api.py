@@ -21,7 +21,7 @@ from modelserve.context import RequestContext
 from modelserve.errors import ClientDisconnected, GatewayTimeout, QueueFull, ServiceUnavailable, UserCodeError
 from modelserve.limiter import Limiter
 from modelserve.server import ModelServer
-from modelserve.watch import Watch, Watchdog
+from modelserve.watch import LINGER, Watch, Watchdog
 
 pytestmark = pytest.mark.anyio
 
@@ -503,6 +503,18 @@ async def test_watch_disarmed_in_time_never_fires() -> None:
     assert not context.cancelled and not watch.fired
     assert not called.is_set()
     assert not watchdog.active
+
+
+async def test_watchdog_lingers_a_few_ticks_then_stops() -> None:
+    # One request at a time starts no timer per request; an idle server stops ticking.
+    watchdog = Watchdog(watch_after=0.01, tick=0.002)
+    Watch(watchdog, ctx(), None, None).disarm()
+    handle = watchdog._handle
+    assert handle is not None
+    await asyncio.sleep(0.005)
+    assert watchdog._handle is not None and watchdog._handle is not handle  # ticked, nothing in flight: goes on
+    await asyncio.sleep((LINGER + 10) * 0.002 + 0.05)
+    assert watchdog._handle is None
 
 
 async def test_watch_starts_watching_only_for_longer_calls() -> None:

@@ -140,6 +140,17 @@ class ModelserveApp(Starlette):
             return super().build_middleware_stack()
         return self._dispatch
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Starlette's entry point; while no middleware is added, an HTTP request goes straight to the edge
+        (`_dispatch`'s work in line: one coroutine less on every request)."""
+        if scope["type"] == "http" and not self.user_middleware:
+            scope["app"] = self
+            if self._first:
+                self._first_request(scope)
+            await self._edge(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The whole stack while no middleware is added: HTTP to the edge, the rest (lifespan) to the router.
         (It repeats `_http`'s first lines rather than awaiting it: one coroutine less on every request.)"""
@@ -159,6 +170,8 @@ class ModelserveApp(Starlette):
     def _first_request(self, scope: Scope) -> None:
         """Start loading (when no lifespan did) and note the server's URL, once."""
         self._first = False
+        if self.middleware_stack is None:  # as Starlette does: no middleware can be added once serving began
+            self.middleware_stack = self.build_middleware_stack()
         self.server.start()
         if not self._base_url_known:
             os.environ.setdefault("MODELSERVE_URL", _base_url_of(scope))
