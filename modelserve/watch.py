@@ -5,13 +5,18 @@ milliseconds while calls are in flight and looks after all of them: it expires t
 and, for those running longer than `WATCH_AFTER`, starts a task that awaits the caller's `cancelled`
 awaitable (an HTTP client's disconnect, a job's DELETE: the transport decides what it means). Short calls
 never pay for a watcher task; a cancellation or a timeout is noticed at most one tick (`TICK`) late.
+
+A transport that learns of a lost client by itself offers ``cancelled.subscribe(callback)`` (`Subscribable`):
+then a long call registers a callback instead of starting a task that waits on the connection. modelserve's
+HTTP protocol does (`modelserve.http._protocol`): under load, when most calls outlast `WATCH_AFTER`, a task
+per request was a tenth of a batched request's cost.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from modelserve.context import RequestContext
 
@@ -24,6 +29,16 @@ TICK = 0.005
 LINGER = 20
 
 
+class Subscribable(Protocol):
+    """A `cancelled` awaitable whose transport can also call back when the caller is gone."""
+
+    def __call__(self) -> Awaitable[Any]: ...
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call `callback` once when the caller is gone; returns what undoes that, or None when the transport
+        cannot tell (then the awaitable is awaited)."""
+
+
 class Watch:
     """One call under watch: cancels the call's task on timeout or when `cancelled()` completes.
 
@@ -32,7 +47,19 @@ class Watch:
     still cancels the task.
     """
 
-    __slots__ = ("ctx", "task", "cancelled", "notify", "armed", "started", "deadline", "watchdog", "fired", "_watcher")
+    __slots__ = (
+        "ctx",
+        "task",
+        "cancelled",
+        "notify",
+        "armed",
+        "started",
+        "deadline",
+        "watchdog",
+        "fired",
+        "_watcher",
+        "_unsubscribe",
+    )
 
     def __init__(
         self,
@@ -52,6 +79,7 @@ class Watch:
         self.fired = False
         self.watchdog = watchdog
         self._watcher: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
         # Registered here rather than through a Watchdog method: this runs on every call.
         self.started = started = loop.time()
         self.deadline = started + timeout if timeout is not None else None
@@ -75,12 +103,22 @@ class Watch:
 
     def watch_now(self) -> None:
         """Start waiting for the caller's cancellation (at once for streams, else from the watchdog)."""
-        if self._watcher is None and self.armed and self.cancelled is not None:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        if self.watching or not self.armed or self.cancelled is None:
+            return
+        subscribe = getattr(self.cancelled, "subscribe", None)
+        if subscribe is not None:
+            self._unsubscribe = subscribe(self._gone)
+            if self._unsubscribe is not None:
+                return
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     @property
     def watching(self) -> bool:
-        return self._watcher is not None
+        return self._watcher is not None or self._unsubscribe is not None
+
+    def _gone(self) -> None:
+        self._unsubscribe = None
+        self._fire("disconnect")
 
     async def _watch(self) -> None:
         assert self.cancelled is not None
@@ -96,6 +134,9 @@ class Watch:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
+        elif self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     def absorb_cancel(self) -> None:
         """Undo our own `task.cancel()` so that the task can go on to answer."""
@@ -132,7 +173,7 @@ class Watchdog:
         for watch in list(self.active):
             if watch.deadline is not None and now >= watch.deadline:
                 watch.expire()
-            elif watch._watcher is None and watch.cancelled is not None and watch.started <= watch_before:
+            elif watch.started <= watch_before and watch.cancelled is not None and not watch.watching:
                 watch.watch_now()
         if self.active:
             self._idle = 0

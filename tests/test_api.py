@@ -505,6 +505,55 @@ async def test_watch_disarmed_in_time_never_fires() -> None:
     assert not watchdog.active
 
 
+class Subscribed:
+    """A `cancelled` whose transport calls back (modelserve.watch.Subscribable); `able`: whether it can."""
+
+    def __init__(self, able: bool) -> None:
+        self.able = able
+        self.callbacks: list[Any] = []
+        self.awaited = False
+
+    async def __call__(self) -> str:
+        self.awaited = True
+        await asyncio.Event().wait()
+        return "disconnect"
+
+    def subscribe(self, callback: Any) -> Any:
+        if not self.able:
+            return None
+        self.callbacks.append(callback)
+        return lambda: self.callbacks.remove(callback)
+
+
+async def test_a_transport_that_calls_back_is_subscribed_to_instead_of_awaited() -> None:
+    watchdog = Watchdog(watch_after=0.01, tick=0.005)
+    cancelled = Subscribed(able=True)
+    context = ctx()
+    task = asyncio.current_task()
+    assert task is not None
+    watch = Watch(watchdog, context, cancelled, None)
+    assert not cancelled.callbacks  # a short call subscribes to nothing
+    await asyncio.sleep(0.05)
+    assert watch.watching and len(cancelled.callbacks) == 1 and watch._watcher is None
+    cancelled.callbacks[0]()  # the connection is lost
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(1)
+    watch.absorb_cancel()
+    assert watch.fired and context.reason == "disconnect" and not cancelled.awaited
+
+    finished = Subscribed(able=True)
+    watch = Watch(watchdog, ctx(), finished, None)
+    await asyncio.sleep(0.05)
+    watch.disarm()  # the call ended first: the callback is taken back
+    assert not finished.callbacks and not watch.watching
+
+    unable = Subscribed(able=False)  # a transport that cannot tell: its awaitable is awaited, as before
+    watch = Watch(watchdog, ctx(), unable, None)
+    await asyncio.sleep(0.05)
+    assert watch._watcher is not None and unable.awaited
+    watch.disarm()
+
+
 async def test_watchdog_lingers_a_few_ticks_then_stops() -> None:
     # One request at a time starts no timer per request; an idle server stops ticking.
     watchdog = Watchdog(watch_after=0.01, tick=0.002)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from functools import partial
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -99,10 +99,32 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
             return b"".join(chunks)
 
 
-def disconnected(receive: Receive) -> Any:
-    """A `cancelled` awaitable for `Api.call`: completes when the client disconnects (after the body was read,
-    the server's next message for the request is the disconnect). A partial: no Python frame to make one."""
-    return partial(wait_disconnect, receive)
+#: The scope key of the transport that calls back when the connection is lost (modelserve's own protocol, see
+#: `modelserve.http._protocol`): its ``subscribe(callback)`` returns what undoes it, or None once lost.
+LOST = "modelserve.lost"
+
+
+class Disconnected:
+    """`Api.call`'s `cancelled` for an HTTP request (a `modelserve.watch.Subscribable`): awaited, it completes
+    when the client disconnects (after the body was read, the server's next message for the request is the
+    disconnect); where the transport tells of a lost connection itself (`LOST` in the scope), `subscribe` hands
+    it the callback, and no task has to wait on ``receive``."""
+
+    __slots__ = ("receive", "scope")
+
+    def __init__(self, receive: Receive, scope: Scope) -> None:
+        self.receive = receive
+        self.scope = scope
+
+    def __call__(self) -> Awaitable[str]:
+        return wait_disconnect(self.receive)
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        transport = self.scope.get(LOST)
+        if transport is None:
+            return None
+        unsubscribe: Callable[[], None] | None = transport.subscribe(callback)
+        return unsubscribe
 
 
 async def wait_disconnect(receive: Receive) -> str:

@@ -2,11 +2,12 @@
 
 httptools (llhttp) bounds neither the request line nor the headers, and uvicorn times out only an idle
 keep-alive connection: a client that sends its headers (or its body) a byte a second holds a connection and
-a growing buffer for ever. `LimitedHttpToolsProtocol` is uvicorn's own protocol with four additions, made
+a growing buffer for ever. `LimitedHttpToolsProtocol` is uvicorn's own protocol with five additions, made
 through the parser callbacks httptools documents (``on_headers_complete``, ``on_message_complete``) and
 asyncio's protocol methods (it reads uvicorn's ``url`` and ``headers`` of the request only to size a header
-block that may be too large, and the scope of its current ``cycle`` and its read ``flow`` control only for the
-refusal pause); it is passed to uvicorn as ``Config(http=...)``, which takes a protocol class:
+block that may be too large, the scope of its current ``cycle`` and its read ``flow`` control only for the
+refusal pause, and adds modelserve's keys to the request's ``scope``); it is passed to uvicorn as
+``Config(http=...)``, which takes a protocol class:
 
 - request line plus headers over `TransportLimits.max_header_size` bytes: when they are complete, the
   ``on_headers_complete`` callback raises, so the parser fails and uvicorn answers 400 and closes the
@@ -24,7 +25,11 @@ refusal pause); it is passed to uvicorn as ``Config(http=...)``, which takes a p
   at an async 50 ms API, the refusals every loop turn ran before a call's timer made each call 5-7 ms late
   (87-88% of the capacity answered); a 10 ms pause halves the refusals and the calls run on time (98-100%)
   (`benchmarks/overload.py`). Nothing is dropped. The check costs a request only a dict lookup when its
-  first bytes come (a hook at the end of every answer cost about 1 us of a 60 us request, measured).
+  first bytes come (a hook at the end of every answer cost about 1 us of a 60 us request, measured);
+- a lost connection is told to the calls that asked (the scope's `LOST` is the protocol, whose `subscribe`
+  the app's `Disconnected` calls for a call still running after `modelserve.watch.WATCH_AFTER`), so that a
+  long call is not watched by a task waiting on ``receive()``: at a few hundred connections, when most calls
+  outlast that, the task was a tenth of a batched request's cost.
 
 A deadline is armed only when a request is still incomplete after the bytes at hand were parsed, so a
 request that arrives whole costs no timer. Without httptools, uvicorn's h11 protocol bounds the headers
@@ -35,11 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from modelserve.errors import HeadersTooLarge
-from modelserve.http._asgi import ARRIVED, REFUSED
+from modelserve.http._asgi import ARRIVED, LOST, REFUSED
 
 #: The limits' defaults, as the CLI shows them.
 MAX_HEADER_SIZE = 32 * 1024
@@ -95,6 +102,9 @@ if HttpToolsProtocol is not None:
             #: What the connection waits for: "headers", "body", or None (between requests).
             self._reading: str | None = "headers"
             self._deadline: asyncio.TimerHandle | None = None
+            #: Called when the connection is lost (`subscribe`); once it is, `_gone`.
+            self._subscribers: dict[Callable[[], None], None] = {}
+            self._gone = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -106,6 +116,18 @@ if HttpToolsProtocol is not None:
                 self._resume.cancel()
                 self._resume = None
             super().connection_lost(exc)
+            self._gone = True
+            subscribers = list(self._subscribers)
+            self._subscribers.clear()
+            for callback in subscribers:
+                callback()
+
+        def subscribe(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+            """Call `callback` when the connection is lost; returns what undoes that, or None when it already is."""
+            if self._gone:
+                return None
+            self._subscribers[callback] = None
+            return partial(self._subscribers.pop, callback, None)
 
         def data_received(self, data: bytes) -> None:
             reading = self._reading
@@ -141,6 +163,7 @@ if HttpToolsProtocol is not None:
                 self._arrived = 0.0
             if self._deadline is not None:
                 self._disarm()
+            self.scope[LOST] = self  # type: ignore[literal-required]
             HttpToolsProtocol.on_headers_complete(self)
 
         def on_message_complete(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -31,13 +30,13 @@ from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, Us
 from modelserve.http._asgi import (
     ARRIVED,
     CLOSE,
+    Disconnected,
     check_length,
     mark_refused,
     read_body,
     request_headers,
     send_body,
     send_json,
-    wait_disconnect,
 )
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream
@@ -90,7 +89,7 @@ class RealtimeEndpoint:
             except BaseException:
                 api.unadmit(size)
                 raise
-            cancelled = partial(wait_disconnect, receive)
+            cancelled = Disconnected(receive, scope)
             since = scope.get(ARRIVED)
             result = await api.call(value, ctx, request=request, cancelled=cancelled, admitted=size, since=since)
             if len(body) > DECODE_INLINE_MAX and value is not None:

@@ -37,7 +37,15 @@ from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, DECODE_INLINE_MAX, JSON_TYPE
 from modelserve.context import RequestContext, current, new_request_id, sane_request_id
 from modelserve.errors import BadRequest, ConfigError, LoadError, PayloadTooLarge, ServiceUnavailable, UserCodeError
-from modelserve.http._asgi import ARRIVED, check_length, disconnected, mark_refused, read_body, send_body, send_json
+from modelserve.http._asgi import (
+    ARRIVED,
+    Disconnected,
+    check_length,
+    mark_refused,
+    read_body,
+    send_body,
+    send_json,
+)
 from modelserve.http.errors import send_error
 from modelserve.http.realtime import _request_with_body
 from modelserve.http.routing import Route
@@ -183,7 +191,7 @@ class V2Model:
                 request.inputs,
                 ctx,
                 request=http_request,
-                cancelled=disconnected(receive),
+                cancelled=Disconnected(receive, scope),
                 admitted=size,
                 since=scope.get(ARRIVED),
             )
