@@ -44,64 +44,75 @@ from onnx_overhead import iris_model, mlp_model
 PATH = "/v2/models/predict/infer"
 WIDTHS = {"iris": 4, "mlp": 1024}
 
-BARE = """
-import sys
-
+#: The bare route: `make_app(model path)` (run as a server by `BARE`, called in one process by v2_inprocess.py).
+BARE_APP = """
 import numpy as np
 import onnxruntime
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
 
-MODEL, PORT = sys.argv[1], int(sys.argv[2])
 DTYPES = {"FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64), "INT64": np.dtype(np.int64)}
 NAMES = {dtype.str: name for name, dtype in DTYPES.items()}
 
-options = onnxruntime.SessionOptions()
-options.intra_op_num_threads = 1
-options.inter_op_num_threads = 1
-session = onnxruntime.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])
-outputs = [o.name for o in session.get_outputs()]
 
+def make_app(model):
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
 
-async def infer(request):
-    body = await request.body()
-    length = request.headers.get("inference-header-content-length")
-    header = orjson.loads(body if length is None else body[: int(length)])
-    offset = len(body) if length is None else int(length)
-    feeds = {}
-    for tensor in header["inputs"]:
-        dtype = DTYPES[tensor["datatype"]]
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
-        if size is None:
-            feeds[tensor["name"]] = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
-        else:
-            array = np.frombuffer(body, dtype, count=size // dtype.itemsize, offset=offset)
-            feeds[tensor["name"]] = array.reshape(tensor["shape"])
-            offset += size
-    binary = (header.get("parameters") or {}).get("binary_data_output", False)
-    described, blobs = [], []
-    for name, array in zip(outputs, session.run(outputs, feeds)):
-        tensor = {"name": name, "datatype": NAMES[array.dtype.str], "shape": list(array.shape)}
-        if binary:
-            tensor["parameters"] = {"binary_data_size": array.nbytes}
-            blobs.append(array.tobytes())
-        else:
-            tensor["data"] = array.reshape(-1)
-        described.append(tensor)
-    answer = {"model_name": "predict", "model_version": "1", "outputs": described}
-    head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return Response(head, media_type="application/json")
-    headers = {"inference-header-content-length": str(len(head))}
-    return Response(head + b"".join(blobs), media_type="application/octet-stream", headers=headers)
+    async def infer(request):
+        body = await request.body()
+        length = request.headers.get("inference-header-content-length")
+        header = orjson.loads(body if length is None else body[: int(length)])
+        offset = len(body) if length is None else int(length)
+        feeds = {}
+        for tensor in header["inputs"]:
+            dtype = DTYPES[tensor["datatype"]]
+            size = (tensor.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                feeds[tensor["name"]] = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
+            else:
+                array = np.frombuffer(body, dtype, count=size // dtype.itemsize, offset=offset)
+                feeds[tensor["name"]] = array.reshape(tensor["shape"])
+                offset += size
+        binary = (header.get("parameters") or {}).get("binary_data_output", False)
+        described, blobs = [], []
+        for name, array in zip(outputs, session.run(outputs, feeds)):
+            tensor = {"name": name, "datatype": NAMES[array.dtype.str], "shape": list(array.shape)}
+            if binary:
+                tensor["parameters"] = {"binary_data_size": array.nbytes}
+                blobs.append(array.tobytes())
+            else:
+                tensor["data"] = array.reshape(-1)
+            described.append(tensor)
+        answer = {"model_name": "predict", "model_version": "1", "outputs": described}
+        head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+        if not blobs:
+            return Response(head, media_type="application/json")
+        headers = {"inference-header-content-length": str(len(head))}
+        return Response(head + b"".join(blobs), media_type="application/octet-stream", headers=headers)
 
-
-app = Starlette(routes=[Route("/v2/models/predict/infer", infer, methods=["POST"])])
-uvicorn.run(app, host="127.0.0.1", port=PORT, access_log=False, log_level="warning", http="httptools", loop="uvloop")
+    return Starlette(routes=[Route("/v2/models/predict/infer", infer, methods=["POST"])])
 """
+
+BARE = (
+    BARE_APP
+    + """
+
+if __name__ == "__main__":
+    import sys
+
+    import uvicorn
+
+    app = make_app(sys.argv[1])
+    settings = {"access_log": False, "log_level": "warning", "http": "httptools", "loop": "uvloop"}
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), **settings)
+"""
+)
 
 MS_YAML = """
 apis:
