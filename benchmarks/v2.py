@@ -169,6 +169,18 @@ def answer_of(url: str, body: bytes, headers: dict[str, str]) -> np.ndarray:
     return np.frombuffer(answer.content, np.float32, count=size // 4, offset=document_size)
 
 
+def model_folder(root: Path, model: str) -> Path:
+    """A modelserve project serving `model` (iris or mlp) as the API ``predict``, under `root`."""
+    folder = root / model
+    folder.mkdir()
+    if model == "iris":
+        iris_model(folder / "model.onnx")
+    else:
+        mlp_model(folder / "model.onnx", width=WIDTHS["mlp"], layers=1)
+    (folder / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=2, help="seconds per wrk run (default 2)")
@@ -186,13 +198,7 @@ def main() -> None:
         root = Path(tmp)
         (root / "bare.py").write_text(textwrap.dedent(BARE).lstrip())
         for model in models:
-            folder = root / model
-            folder.mkdir()
-            if model == "iris":
-                iris_model(folder / "model.onnx")
-            else:
-                mlp_model(folder / "model.onnx", width=WIDTHS["mlp"], layers=1)
-            (folder / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
+            folder = model_folder(root, model)
             requests = requests_of(WIDTHS[model])
             scripts = {
                 kind: write_wrk_script(root / f"{model}-{kind}.lua", body, headers)

@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onnx_overhead import iris_model, mlp_model
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
-from v2 import BARE_APP, MS_YAML, RATIOS, TARGETS, WIDTHS, requests_of
+from v2 import BARE_APP, RATIOS, TARGETS, WIDTHS, model_folder, requests_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
@@ -152,13 +151,7 @@ def main() -> None:
     print(f"{'model':<6}  {'target':<12}{'best us':>9}{'median us':>11}")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            folder = Path(tmp) / model
-            folder.mkdir()
-            if model == "iris":
-                iris_model(folder / "model.onnx")
-            else:
-                mlp_model(folder / "model.onnx", width=WIDTHS["mlp"], layers=1)
-            (folder / "modelserve.yaml").write_text(textwrap.dedent(MS_YAML).lstrip())
+            folder = model_folder(Path(tmp), model)
             results = asyncio.run(run_model(model, folder, args.rounds, args.requests))
             for i, (name, values) in enumerate(results.items()):
                 print(f"{model if i == 0 else '':<6}  {name:<12}{min(values):>9.1f}{statistics.median(values):>11.1f}")
