@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -82,6 +83,4 @@ async def test_a_lost_connection_cancels_its_call(http: str, monkeypatch: pytest
 
 
 def _metrics(port: int) -> str:
-    import httpx
-
     return httpx.get(f"http://127.0.0.1:{port}/metrics").text
