@@ -226,7 +226,7 @@ def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
         docs=settings.get("docs", True),
     )
     app.server.graceful_timeout = settings["graceful_timeout"]
-    app.server.freeze_after_load = True  # this process serves this project only
+    app.server.tune_collector_after_load = True  # this process serves this project only
     return app
 
 

@@ -15,6 +15,7 @@ per request was a tenth of a batched request's cost.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -59,6 +60,7 @@ class Watch:
         "fired",
         "_watcher",
         "_unsubscribe",
+        "_registry",
     )
 
     def __init__(
@@ -82,8 +84,14 @@ class Watch:
         self._unsubscribe: Callable[[], None] | None = None
         # Registered here rather than through a Watchdog method: this runs on every call.
         self.started = started = loop.time()
-        self.deadline = started + timeout if timeout is not None else None
-        watchdog.active[self] = None
+        self._registry = young = watchdog.young
+        young[self] = None
+        if timeout is None:
+            self.deadline = None
+        else:
+            self.deadline = deadline = started + timeout
+            if deadline < watchdog.next_deadline:
+                watchdog.next_deadline = deadline
         if watchdog._handle is None or watchdog._loop is not loop:
             watchdog.start(loop)
 
@@ -130,7 +138,7 @@ class Watch:
         to a waiting receive() as a disconnect)."""
         if self.armed:
             self.armed = False
-            self.watchdog.active.pop(self, None)
+            self._registry.pop(self, None)
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
@@ -147,15 +155,29 @@ class Watch:
 
 
 class Watchdog:
-    """Ticks every `TICK` seconds while any request is in flight."""
+    """Ticks every `TICK` seconds while any request is in flight.
+
+    The watches in flight are kept in two dicts in the order they started: `young`, not yet `watch_after`
+    old, and `old`. A tick moves the young ones that came of age (starting their watch) and stops at the
+    first that has not: it never walks the calls it has already looked after, which under load are most of
+    them. Deadlines are looked at only once the earliest one known may have passed.
+    """
 
     def __init__(self, watch_after: float = WATCH_AFTER, tick: float = TICK) -> None:
         self.watch_after = watch_after
         self.tick = tick
-        self.active: dict[Watch, None] = {}
+        self.young: dict[Watch, None] = {}
+        self.old: dict[Watch, None] = {}
+        #: No deadline is earlier than this (it may be earlier than every deadline still in flight).
+        self.next_deadline = math.inf
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle = 0
+
+    @property
+    def active(self) -> int:
+        """How many calls are under watch."""
+        return len(self.young) + len(self.old)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Tick on `loop` (a new event loop, as in tests, forgets the handle of the old one)."""
@@ -163,19 +185,39 @@ class Watchdog:
         self._handle = loop.call_later(self.tick, self._tick)
 
     def discard(self, watch: Watch) -> None:
-        self.active.pop(watch, None)
+        watch._registry.pop(watch, None)
+
+    def _expire(self, now: float) -> None:
+        earliest = math.inf
+        for registry in (self.young, self.old):
+            for watch in list(registry):
+                deadline = watch.deadline
+                if deadline is None:
+                    continue
+                if now >= deadline:
+                    watch.expire()
+                elif deadline < earliest:
+                    earliest = deadline
+        self.next_deadline = earliest
 
     def _tick(self) -> None:
         self._handle = None
         assert self._loop is not None
         now = self._loop.time()
+        if now >= self.next_deadline:
+            self._expire(now)
         watch_before = now - self.watch_after
-        for watch in list(self.active):
-            if watch.deadline is not None and now >= watch.deadline:
-                watch.expire()
-            elif watch.started <= watch_before and watch.cancelled is not None and not watch.watching:
+        young, old = self.young, self.old
+        while young:
+            watch = next(iter(young))
+            if watch.started > watch_before:
+                break
+            del young[watch]
+            old[watch] = None
+            watch._registry = old
+            if watch.cancelled is not None:
                 watch.watch_now()
-        if self.active:
+        if young or old:
             self._idle = 0
         elif self._idle < LINGER:
             self._idle += 1

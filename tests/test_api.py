@@ -566,6 +566,29 @@ async def test_watchdog_lingers_a_few_ticks_then_stops() -> None:
     assert watchdog._handle is None
 
 
+async def test_watchdog_passes_over_calls_it_has_looked_after_yet_still_expires_them() -> None:
+    # A tick moves the calls that came of age to `old` (watching them) and stops at the first young one;
+    # deadlines, of old calls too, are looked at once the earliest one known may have passed.
+    watchdog = Watchdog(watch_after=0.01, tick=0.002)
+    never = asyncio.Event()
+    gone = Watch(watchdog, ctx("gone"), None, 0.005)
+    gone.disarm()  # the earliest deadline known is now stale: it must not hide the next one
+    context = ctx("old")
+    watch = Watch(watchdog, context, never.wait, 0.08)
+    assert watch in watchdog.young and watchdog.next_deadline == gone.deadline
+    await asyncio.sleep(0.04)
+    assert watch in watchdog.old and watch not in watchdog.young and watch.watching
+    assert watchdog.next_deadline == watch.deadline  # recomputed from the calls still in flight
+    young = Watch(watchdog, ctx("young"), never.wait, None)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.sleep(1)  # the old call's deadline cancels this task
+    watch.absorb_cancel()
+    assert watch.fired and context.reason == "timeout" and not young.fired
+    assert watch not in watchdog.old and watchdog.next_deadline == float("inf")
+    young.disarm()
+    assert not watchdog.active
+
+
 async def test_watch_starts_watching_only_for_longer_calls() -> None:
     watchdog = Watchdog(watch_after=0.02, tick=0.005)
     never = asyncio.Event()
