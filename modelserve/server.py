@@ -123,7 +123,7 @@ def tune_collector() -> None:
     Less often: the interpreter counts net new containers, and the requests in flight come and go in waves
     (a batch of 64 answered, 64 new ones read) far larger than its threshold, so it collected every 40
     requests or so, each time walking the objects of all the requests in flight (the batched stand-in of
-    `benchmarks/gpu_serving.py` at 256 connections: 13-17 us of a request's 130-190). At 10,000, a
+    `benchmarks/gpu_serving.py` at 256 connections: 13-25 us of a request's 150-250). At 10,000, a
     collection comes once the process holds that many more containers than at the last one (cycles that
     reference counting cannot free: a few MB, not a leak). A threshold the project's own code set while
     loading is left as it is."""
