@@ -15,8 +15,9 @@ import pytest
 import uvicorn
 
 import modelserve
+from modelserve.http._asgi import LOST, Disconnected
 from modelserve.http._protocol import TransportLimits, uvicorn_settings
-from modelserve.watch import Watch
+from modelserve.watch import Subscribable, Watch
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +85,25 @@ async def test_a_lost_connection_cancels_its_call(http: str, monkeypatch: pytest
 
 def _metrics(port: int) -> str:
     return httpx.get(f"http://127.0.0.1:{port}/metrics").text
+
+
+async def test_disconnected_subscribes_through_the_transport_in_the_scope() -> None:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    class Transport:
+        def __init__(self) -> None:
+            self.callbacks: list[Any] = []
+
+        def subscribe(self, callback: Any) -> Any:
+            self.callbacks.append(callback)
+            return lambda: self.callbacks.remove(callback)
+
+    transport = Transport()
+    cancelled: Subscribable = Disconnected(receive, {LOST: transport})  # the interface `Watch` relies on, typed
+    undo = cancelled.subscribe(print)
+    assert transport.callbacks == [print] and undo is not None
+    undo()
+    assert transport.callbacks == []
+    assert Disconnected(receive, {}).subscribe(print) is None  # no such transport: the awaitable is awaited
+    assert await cancelled() == "disconnect"
