@@ -9,6 +9,10 @@ Servers, each its own process on a free loopback port, access log off, taking tu
 
 * ``floor``: a bare Starlette route on uvicorn doing the same decode/encode with no model (the HTTP floor of
   one process: what its stack can carry at best);
+* ``floor-batched``: the same bare route batching with the fewest steps a batcher can take (a list of
+  waiting requests and a future each, the batch formed at the end of the loop's turn and run, preprocess,
+  predict and postprocess, on one long-lived thread): what batching on the floor's stack carries, the
+  reference for how much of the floor a batched server can keep with this model;
 * ``unbatched``: ``python -m modelserve`` with the stand-in called once per request;
 * ``batched``: ``batching: {max_batch_size: 64, max_wait_ms: 0}``;
 * ``batched-w2``: the same with ``--workers 2``;
@@ -18,7 +22,7 @@ Servers, each its own process on a free loopback port, access log off, taking tu
 Pinned by default (``--no-pin`` to stop it): the servers on CPU 0, wrk on CPU 1, so that a server's CPU is
 one core it does not share with the load generator, as for the issue's targets on 2 cores.
 
-When ``torch`` with CUDA is available, the same four for BERT-base (``transformers`` ``BertConfig()``, random
+When ``torch`` with CUDA is available, the same servers for BERT-base (``transformers`` ``BertConfig()``, random
 weights, fp16, 128 token ids in, the 768-float [CLS] embedding out) and ResNet-50 (``torchvision``,
 ``weights=None``, fp16, a 224x224x3 uint8 image in as octet-stream, the top-5 ids out), with the model alone
 (host arrays in, lists out, no HTTP) measured in the same run.
@@ -197,6 +201,81 @@ app = Starlette(routes=[Route("/model", route, methods=["POST"])])
 """
 
 
+FLOOR_BATCHED = """
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from model import Batched
+
+KIND = "{kind}"
+MAX_BATCH = {batch}
+SAMPLE = bytes(224 * 224 * 3) if KIND == "resnet" else {{"ids": [0] * 128}}
+
+model = Batched()
+if hasattr(model, "load"):
+    model.load()
+waiting = []
+state = {{"running": False, "scheduled": False, "requests": 0, "batches": 0}}
+
+
+def run(items):
+    rows = [model.preprocess(item) for item in items]
+    return [model.postprocess(row) for row in model.predict(rows)]
+
+
+thread = ThreadPoolExecutor(1)  # one long-lived thread for every batch, warmed here
+thread.submit(run, [SAMPLE]).result()
+
+
+def dispatch():
+    state["scheduled"] = False
+    if state["running"] or not waiting:
+        return
+    batch = waiting[:MAX_BATCH]
+    del waiting[:MAX_BATCH]
+    state["running"] = True
+    state["requests"] += len(batch)
+    state["batches"] += 1
+    done = asyncio.get_running_loop().run_in_executor(thread, run, [item for item, _ in batch])
+    done.add_done_callback(lambda done: finish(batch, done))
+
+
+def finish(batch, done):
+    state["running"] = False
+    error = done.exception()
+    for index, (_, answer) in enumerate(batch):
+        if answer.done():  # its client left
+            continue
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(done.result()[index])
+    dispatch()
+
+
+async def route(request):
+    body = await request.body()
+    answer = asyncio.get_running_loop().create_future()
+    waiting.append((body if KIND == "resnet" else orjson.loads(body), answer))
+    if not state["running"] and not state["scheduled"]:
+        state["scheduled"] = True
+        asyncio.get_running_loop().call_soon(dispatch)  # at the end of this turn of the loop
+    return Response(orjson.dumps(await answer), media_type="application/json")
+
+
+async def batches(request):
+    return JSONResponse({{"requests": state["requests"], "batches": state["batches"]}})
+
+
+app = Starlette(routes=[Route("/model", route, methods=["POST"]), Route("/batches", batches)])
+"""
+
+
 def project(root: Path, name: str, source: str, cls: str, batch: int | None) -> Path:
     folder = root / name
     folder.mkdir()
@@ -216,11 +295,13 @@ def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Pa
     base.mkdir()
     (base / "model.py").write_text(textwrap.dedent(source).lstrip())
     (base / "floor.py").write_text(textwrap.dedent(floor).lstrip())
+    (base / "floor_batched.py").write_text(FLOOR_BATCHED.format(kind=model, batch=batch).lstrip())
     uvicorn = [sys.executable, "-m", "uvicorn", "floor:app", "--port", "{port}", "--no-access-log", "--log-level"]
     modelserve = [sys.executable, "-m", "modelserve"]
     flags = ["--port", "{port}", "--no-access-log", "--log-level", "warning"]
     return {
         "floor": ([*uvicorn, "warning"], base),
+        "floor-batched": ([*uvicorn[:3], "floor_batched:app", *uvicorn[4:], "warning"], base),
         "unbatched": ([*modelserve, str(project(base, "single", source, "Single", None)), *flags], base),
         "batched": ([*modelserve, str(project(base, "batched", source, "Batched", batch)), *flags], base),
         "batched-w2": (
@@ -236,7 +317,7 @@ def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Pa
 
 
 #: The servers run when --servers names none.
-DEFAULT_SERVERS = ("floor", "unbatched", "batched", "batched-w2")
+DEFAULT_SERVERS = ("floor", "floor-batched", "unbatched", "batched", "batched-w2")
 
 
 def body(model: str) -> tuple[str | bytes, dict[str, str]]:
@@ -276,6 +357,9 @@ def batches(server: ServerProcess) -> tuple[float, float]:
     """(requests, batches) counted by a modelserve server's batch size histogram so far; zeros for others."""
     if server.name == "floor":
         return 0.0, 0.0
+    if server.name == "floor-batched":
+        counts = httpx.get(server.url + "/batches", timeout=10).json()
+        return float(counts["requests"]), float(counts["batches"])
     text = httpx.get(server.url + "/metrics", timeout=10).content
     total, count = _BATCH_SUM.search(text), _BATCH_COUNT.search(text)
     return (float(total.group(1)), float(count.group(1))) if total and count else (0.0, 0.0)
@@ -360,6 +444,10 @@ def report(
             if connections in levels:
                 value = ratio("batched", "floor", connections)
                 check(f"batched / floor req/s at c={connections} (>= {target})", value, value >= target)
+    if {"batched", "floor-batched"} <= set(names):
+        for connections in levels:
+            value = ratio("batched", "floor-batched", connections)
+            print(f"  {f'batched / floor-batched req/s at c={connections} (for reference)':<58}{value:>7.2f}")
     if 1 in levels and {"batched", "unbatched"} <= set(names):
         value = latency_ratio("batched", "unbatched", 1, "p50_ms")
         check("batched / unbatched p50 at c=1 (<= 1.10)", value, value <= 1.10)
