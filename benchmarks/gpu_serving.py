@@ -17,7 +17,8 @@ Servers, each its own process on a free loopback port, access log off, taking tu
 * ``batched``: ``batching: {max_batch_size: 64, max_wait_ms: 0}``;
 * ``batched-w2``: the same with ``--workers 2``;
 * ``batched-nomodel`` (only when named in ``--servers``): ``batched`` with a ``predict`` that costs nothing,
-  what modelserve's own batched path costs a request beside the floor's.
+  what modelserve's own batched path costs a request beside the floor's; ``floor-batched-nomodel`` (the same
+  way) is ``floor-batched`` with that ``predict``, what batching itself costs a request on the floor's stack.
 
 Pinned by default (``--no-pin`` to stop it): the servers on CPU 0, wrk on CPU 1, so that a server's CPU is
 one core it does not share with the load generator, as for the issue's targets on 2 cores.
@@ -210,7 +211,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from model import Batched
+from model import {cls} as Batched
 
 KIND = "{kind}"
 MAX_BATCH = {batch}
@@ -295,7 +296,8 @@ def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Pa
     base.mkdir()
     (base / "model.py").write_text(textwrap.dedent(source).lstrip())
     (base / "floor.py").write_text(textwrap.dedent(floor).lstrip())
-    (base / "floor_batched.py").write_text(FLOOR_BATCHED.format(kind=model, batch=batch).lstrip())
+    for file, cls in (("floor_batched.py", "Batched"), ("floor_batched_nomodel.py", "NoModel")):
+        (base / file).write_text(FLOOR_BATCHED.format(kind=model, batch=batch, cls=cls).lstrip())
     uvicorn = [sys.executable, "-m", "uvicorn", "floor:app", "--port", "{port}", "--no-access-log", "--log-level"]
     modelserve = [sys.executable, "-m", "modelserve"]
     flags = ["--port", "{port}", "--no-access-log", "--log-level", "warning"]
@@ -309,7 +311,13 @@ def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Pa
             base,
         ),
         **(
-            {"batched-nomodel": ([*modelserve, str(project(base, "nomodel", source, "NoModel", batch)), *flags], base)}
+            {
+                "batched-nomodel": (
+                    [*modelserve, str(project(base, "nomodel", source, "NoModel", batch)), *flags],
+                    base,
+                ),
+                "floor-batched-nomodel": ([*uvicorn[:3], "floor_batched_nomodel:app", *uvicorn[4:], "warning"], base),
+            }
             if model == "standin"
             else {}
         ),
@@ -357,7 +365,7 @@ def batches(server: ServerProcess) -> tuple[float, float]:
     """(requests, batches) counted by a modelserve server's batch size histogram so far; zeros for others."""
     if server.name == "floor":
         return 0.0, 0.0
-    if server.name == "floor-batched":
+    if server.name.startswith("floor-batched"):
         counts = httpx.get(server.url + "/batches", timeout=10).json()
         return float(counts["requests"]), float(counts["batches"])
     text = httpx.get(server.url + "/metrics", timeout=10).content
@@ -403,7 +411,7 @@ def report(
         return statistics.median(getattr(run, field) / getattr(base, field) for run, base in pairs)
 
     header = (
-        f"{'conc':>5}  {'server':<16}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'of floor':>10}{'of model':>10}"
+        f"{'conc':>5}  {'server':<22}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'of floor':>10}{'of model':>10}"
         f"{'cpu us/req':>12}{'batch':>7}"
     )
     print(header)
@@ -413,7 +421,7 @@ def report(
             run, size = results[(name, connections)], sizes[(name, connections)]
             of_floor = ratio(name, "floor", connections) if "floor" in names else float("nan")
             print(
-                f"{connections if i == 0 else '':>5}  {name:<16}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
+                f"{connections if i == 0 else '':>5}  {name:<22}{run.rps:>9.0f}{run.p50_ms:>9.2f}{run.p99_ms:>9.2f}"
                 f"{of_floor:>9.0%} {run.rps / limit:>9.0%} {run.cpu_us:>11.0f}"
                 f"{f'{size:.1f}' if size else '-':>7}"
             )
@@ -437,17 +445,18 @@ def report(
     print(f"\ntargets ({model}), medians of the ratios within a round:")
 
     def check(text: str, value: float, ok: bool) -> None:
-        print(f"  {text:<58}{value:>7.2f}  {'ok' if ok else 'MISSED'}")
+        print(f"  {text:<68}{value:>7.2f}  {'ok' if ok else 'MISSED'}")
 
     if {"batched", "floor"} <= set(names):
         for connections, target in ((256, 0.75), (64, 0.70)):
             if connections in levels:
                 value = ratio("batched", "floor", connections)
                 check(f"batched / floor req/s at c={connections} (>= {target})", value, value >= target)
-    if {"batched", "floor-batched"} <= set(names):
-        for connections in levels:
-            value = ratio("batched", "floor-batched", connections)
-            print(f"  {f'batched / floor-batched req/s at c={connections} (for reference)':<58}{value:>7.2f}")
+    for ours, leanest in (("batched", "floor-batched"), ("batched-nomodel", "floor-batched-nomodel")):
+        if {ours, leanest} <= set(names):
+            for connections in levels:
+                value = ratio(ours, leanest, connections)
+                print(f"  {f'{ours} / {leanest} req/s at c={connections} (reference)':<68}{value:>7.2f}")
     if 1 in levels and {"batched", "unbatched"} <= set(names):
         value = latency_ratio("batched", "unbatched", 1, "p50_ms")
         check("batched / unbatched p50 at c=1 (<= 1.10)", value, value <= 1.10)
