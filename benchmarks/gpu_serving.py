@@ -362,7 +362,8 @@ _BATCH_COUNT = re.compile(rb'^modelserve_batch_size_count\{api="model"\} (\S+)$'
 
 
 def batches(server: ServerProcess) -> tuple[float, float]:
-    """(requests, batches) counted by a modelserve server's batch size histogram so far; zeros for others."""
+    """(requests, batches) so far: a modelserve server's batch size histogram, a floor-batched server's own
+    counts; zeros for the floor."""
     if server.name == "floor":
         return 0.0, 0.0
     if server.name.startswith("floor-batched"):
