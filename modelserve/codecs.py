@@ -157,7 +157,13 @@ def _numpy_default(value: Any) -> Any:
         v1 = sys.modules.get("pydantic.v1")
         if v1 is not None and isinstance(value, v1.BaseModel):
             return orjson.loads(value.json())
-    raise EncodeError(value)
+    failure = EncodeError(value)
+    _failures.last = failure  # older orjson drops this exception for its own: encode_json finds it here
+    raise failure
+
+
+# The EncodeError that _numpy_default raised last in this thread (read only on the error path).
+_failures = threading.local()
 
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
@@ -167,12 +173,13 @@ def encode_json(value: Any) -> bytes:
     try:
         return orjson.dumps(value, default=_numpy_default, option=_JSON_OPTIONS)
     except orjson.JSONEncodeError as exc:
-        cause = exc.__cause__
+        kept, _failures.last = getattr(_failures, "last", None), None
+        # Newer orjson chains the default's exception; older orjson replaces it with its own, so it was kept.
+        cause = exc.__cause__ if isinstance(exc.__cause__, EncodeError) else kept
         if isinstance(cause, EncodeError):
             raise cause from None
-        # Older orjson replaces the default's exception with its own, naming the type that failed.
-        failed = str(exc).rpartition("Type is not JSON serializable: ")[2]
-        raise EncodeError(value, failed if failed != str(exc) else None) from exc
+        # A value orjson refuses without asking the default (an integer beyond 64 bits, say): named by its type.
+        raise EncodeError(value) from exc
 
 
 def encode_result(value: Any) -> tuple[bytes, bytes]:

@@ -272,7 +272,7 @@ async def test_an_unencodable_result_is_a_500_naming_the_type(client_of: Any, ca
         answer = await client.post("/results", json={"kind": "object"})
     body = assert_error(answer, 500)
     assert "object" not in body["error"]  # the client learns nothing about the code
-    assert any("cannot encode a result of type object" in r.getMessage() for r in caplog.records)
+    assert any("cannot encode a result of type builtins.object" in r.getMessage() for r in caplog.records)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -478,9 +478,8 @@ class Sleepy:
 
 async def test_504_after_the_timeout(client_of: Any) -> None:
     client = await client_of(modelserve.create_app(handler=Sleepy, name="sleepy", timeout=0.05))
-    started = time.monotonic()
-    assert_error(await client.post("/sleepy", json=10), 504, "timeout of 0.05 s")
-    assert time.monotonic() - started < 2
+    # The call would sleep an hour: only the timeout can answer it before the test's own time limit.
+    assert_error(await client.post("/sleepy", json=3600), 504, "timeout of 0.05 s")
     assert (await client.post("/sleepy", json=0)).json() == "done"
 
 

@@ -164,17 +164,14 @@ def server(project: Path, start_server):
     return server
 
 
-def test_chunks_arrive_before_the_stream_ends(server) -> None:
+def test_chunks_arrive_before_the_stream_ends(server, project: Path) -> None:
     for mode, first in (("async_stream", b'{"i":0}\n'), ("sync_stream", b"tok0 ")):
-        started = time.monotonic()
-        with httpx.stream("POST", server.url + "/gen", json={"mode": mode, "n": 3, "delay": 0.4}) as answer:
+        with httpx.stream("POST", server.url + "/gen", json={"mode": mode, "n": 2, "delay": 0.6}) as answer:
             chunks = answer.iter_raw()
             assert next(chunks) == first
-            first_at = time.monotonic() - started
+            assert f"{mode} finally" not in events(project).splitlines()  # the generator is still running
             rest = b"".join(chunks)
-        total = time.monotonic() - started
-        assert first_at < 0.35, f"{mode}: first chunk after {first_at:.3f} s"
-        assert total >= 1.1
+        assert f"{mode} finally" in events(project).splitlines()
         assert answer.headers["x-request-id"]
         assert rest
 
@@ -213,35 +210,30 @@ def test_an_error_mid_stream_is_visible(server) -> None:
 
 @pytest.mark.parametrize("mode", ["async_stream", "sync_stream"])
 def test_dropping_the_connection_closes_the_stream(server, project: Path, mode: str) -> None:
-    sock = raw_post(server.url, f'{{"mode": "{mode}", "n": 100, "delay": 0.05}}'.encode())
+    # A stream that would run for hours: only closing it ends it.
+    sock = raw_post(server.url, f'{{"mode": "{mode}", "n": 1000000, "delay": 0.05}}'.encode())
     assert b"200" in sock.recv(4096)
     sock.close()
-    wait_for_event(project, f"{mode} finally", timeout=3)
-    # The slot (max_concurrency 1) is free again: the next request is served at once.
-    started = time.monotonic()
+    wait_for_event(project, f"{mode} finally", timeout=30)
+    # The slot (max_concurrency 1) is free again: the next request is served.
     assert httpx.post(server.url + "/gen", json={"mode": "echo"}).json() == {"echo": {"mode": "echo"}}
-    assert time.monotonic() - started < 0.5
     assert "request cancelled (499)" in server.log
 
 
 def test_dropping_during_a_slow_async_predict_cancels_it(server, project: Path) -> None:
-    sock = raw_post(server.url, b'{"mode": "slow_async"}')
+    # An hour's sleep, well past the API's timeout of 2 s: only the lost connection (or the timeout) cancels it.
+    sock = raw_post(server.url, b'{"mode": "slow_async", "seconds": 3600}')
     wait_for_event(project, "slow_async started")
-    closed_at = time.monotonic()
     sock.close()
-    seen_at = wait_for_event(project, "slow_async cancelled")
-    assert seen_at - closed_at < 1.0
+    wait_for_event(project, "slow_async cancelled")
     assert "slow_async finally" in events(project)
-    started = time.monotonic()
+    assert "request cancelled (499)" in server.log  # the disconnect cancelled it, not the timeout (a 504)
     assert httpx.post(server.url + "/gen", json={"mode": "echo"}).status_code == 200
-    assert time.monotonic() - started < 0.5
 
 
 def test_timeout_answers_504_and_cancels(server, project: Path) -> None:
-    started = time.monotonic()
-    answer = httpx.post(server.url + "/gen", json={"mode": "slow_async", "seconds": 10}, timeout=10)
+    answer = httpx.post(server.url + "/gen", json={"mode": "slow_async", "seconds": 3600}, timeout=60)
     assert answer.status_code == 504
-    assert 1.9 < time.monotonic() - started < 4
     assert answer.json()["request_id"] == answer.headers["x-request-id"]
     wait_for_event(project, "slow_async cancelled")
 
