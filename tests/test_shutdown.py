@@ -16,7 +16,7 @@ import time
 
 class Model:
     def predict(self, inputs):
-        time.sleep(30)
+        time.sleep(3600)  # only a shutdown that does not wait for it ends the test
         return "late"
 
 class Handler:
@@ -43,9 +43,7 @@ def test_a_stuck_sync_stage_does_not_outlive_the_grace_period(tmp_path: Path, st
     caller = threading.Thread(target=call)
     caller.start()
     time.sleep(0.5)
-    asked = time.monotonic()
     assert server.stop() == 0
-    assert time.monotonic() - asked < 10
     assert "still running user code after the shutdown; exiting without waiting" in server.log
     caller.join(10)
     (answer,) = answers  # a JSON 503 naming the request, not the server's plain-text 500
@@ -73,14 +71,12 @@ def test_a_sync_job_interrupted_by_shutdown_runs_again_at_the_next_start(tmp_pat
     )
     first = start_server(root, "--graceful-timeout", "1")
     first.wait_ready()
-    job_id = httpx.post(f"{first.url}/slow", json={"sleep": 30}).json()["id"]
-    deadline = time.monotonic() + 10
+    job_id = httpx.post(f"{first.url}/slow", json={"sleep": 3600}).json()["id"]
+    deadline = time.monotonic() + 60  # bounds a failing test; a passing one waits only for the job to start
     while not (root / "runs.log").exists():
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    asked = time.monotonic()
     assert first.stop() == 0
-    assert time.monotonic() - asked < 10
     assert "interrupting them" in first.log
     second = start_server(root)
     second.wait_ready()
