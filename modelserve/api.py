@@ -29,6 +29,7 @@ import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from modelserve._frames import release_frames
 from modelserve.backends import Backend
 from modelserve.config import ApiConfig
 from modelserve.context import RequestContext
@@ -214,7 +215,8 @@ _CANCEL_REASONS = {"disconnect": "client disconnected", "cancelled": "job cancel
 
 
 def log_user_error(api: str, ctx: RequestContext, exc: UserCodeError) -> None:
-    """The one log line of a failure in user code, with its traceback."""
+    """The one log line of a failure in user code, with its traceback; then the traceback's frames let go of
+    their locals (`release_frames`: the failing stage's arrays, the inputs)."""
     error = exc.error
     logger.error(
         "api '%s': %s",
@@ -222,6 +224,8 @@ def log_user_error(api: str, ctx: RequestContext, exc: UserCodeError) -> None:
         exc.detail,
         exc_info=(type(error), error, error.__traceback__) if error is not None else None,
     )
+    release_frames(error)  # not yet the cause of `exc` when `exc` is still to be raised
+    release_frames(exc)
 
 
 _END = object()

@@ -19,6 +19,7 @@ import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import Send
 
+from modelserve._frames import release_frames
 from modelserve.codecs import JSON_TYPE
 from modelserve.errors import ClientDisconnected, HTTPError
 
@@ -40,6 +41,7 @@ def _starlette_http_exception(exc: BaseException) -> Rendered:
 
 def _unexpected(exc: BaseException) -> Rendered:
     logger.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    release_frames(exc)  # logged: its frames' locals can go (modelserve._frames)
     return 500, "internal server error", {}, None
 
 
