@@ -49,12 +49,26 @@ class LoadError(ModelserveError):
     """User code could not be imported, validated, constructed or loaded (CLI exit code 3)."""
 
 
+def install_hint(extra: str, *, reinstall: bool = False) -> str:
+    """The pip commands that add an extra, in both forms: from a clone (what works while modelserve is not on
+    the package index) and from the index. Every message that says what to install is built here::
+
+        install_hint("onnx")
+        # 'pip install -e ".[onnx]" in a clone of modelserve (pip install "modelserve[onnx]" once it is published)'
+    """
+    force = "--force-reinstall " if reinstall else ""
+    return (
+        f'pip install {force}-e ".[{extra}]" in a clone of modelserve'
+        f' (pip install {force}"modelserve[{extra}]" once it is published)'
+    )
+
+
 class MissingExtraError(LoadError):
-    """An optional dependency is not installed; the message says which pip command adds it."""
+    """An optional dependency is not installed; the message says which pip command adds it (`install_hint`)."""
 
     def __init__(self, package: str, extra: str) -> None:
         super().__init__(
-            f'{package} is not installed, and this project needs it. Install it with: pip install "modelserve[{extra}]"'
+            f"{package} is not installed, and this project needs it. Install it with: {install_hint(extra)}"
         )
         self.package = package
         self.extra = extra

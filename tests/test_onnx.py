@@ -342,7 +342,7 @@ except modelserve.LoadError as exc:
     assert result.returncode == 0, result.stderr
     assert (
         "MissingExtraError onnxruntime is not installed, and this project needs it. "
-        'Install it with: pip install "modelserve[onnx]"' in result.stdout
+        f"Install it with: {modelserve.errors.install_hint('onnx')}" in result.stdout
     )
 
 

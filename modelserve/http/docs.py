@@ -3,7 +3,7 @@
 ``GET /openapi.json`` is the document of the whole server, ``GET /openapi/<api>.json`` the one of a single
 API (a path of its own, so that it cannot be taken for a job id under ``/<api>/``), ``GET /docs`` Swagger UI
 showing the document. The page's files are served from the ``swagger-ui-bundle-v2`` package
-(``pip install "modelserve[schema]"``), never from a CDN, so it works without internet access; without the
+(the ``schema`` extra), never from a CDN, so it works without internet access; without the
 package ``/docs`` is a 404 that says what to install. ``docs: false`` in modelserve.yaml (or ``--no-docs``)
 removes ``/docs``; the document stays.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from modelserve.errors import NotFound
+from modelserve.errors import NotFound, install_hint
 from modelserve.http._asgi import request_headers, send_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.routing import Route
@@ -41,7 +41,7 @@ _PAGE = """<!doctype html>
 </body>
 </html>
 """
-_MISSING = 'the /docs page needs Swagger UI\'s files: pip install "modelserve[schema]" (swagger-ui-bundle-v2)'
+_MISSING = f"the /docs page needs Swagger UI's files (swagger-ui-bundle-v2): {install_hint('schema')}"
 
 
 @cache

@@ -20,7 +20,7 @@ import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 
-from modelserve.errors import LoadError, MissingExtraError
+from modelserve.errors import LoadError, MissingExtraError, install_hint
 
 
 @dataclass(frozen=True)
@@ -67,5 +67,5 @@ def adapter(fmt: str) -> ModuleType:
             raise MissingExtraError(info.package, info.extra) from exc
         raise LoadError(
             f"importing {info.package} failed ({type(exc).__name__}: {exc}); "
-            f'reinstall it with: pip install --force-reinstall "modelserve[{info.extra}]"'
+            f"reinstall it with: {install_hint(info.extra, reinstall=True)}"
         ) from exc
