@@ -486,13 +486,12 @@ def test_metrics_count_v2_answers(server: Server) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# the README's snippet, against examples/iris-onnx (whose hooks V2 requests skip)
+# docs/v2.md's tritonclient snippet, against examples/iris-onnx (whose hooks V2 requests skip)
 
 
 def readme_snippet() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text.split("## Open Inference Protocol (V2)", 1)[1]
-    return textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+    text = (REPO / "docs" / "v2.md").read_text(encoding="utf-8")
+    return textwrap.dedent(text.split("```python\n", 1)[1].split("```", 1)[0])
 
 
 def test_readme_snippet_against_the_iris_onnx_example(start_server_module: Any) -> None:
@@ -500,7 +499,7 @@ def test_readme_snippet_against_the_iris_onnx_example(start_server_module: Any) 
     example.wait_ready()
     code = readme_snippet().replace("localhost:8888", example.url.removeprefix("http://"))
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "docs/v2.md", "exec"), namespace)  # noqa: S102 - our own docs
     assert namespace["result"].as_numpy("label").tolist() == [0]
     # The native route of the same API still runs its hooks.
     native = httpx.post(
