@@ -11,13 +11,14 @@ import argparse
 import atexit
 import json
 import logging
+import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,60 @@ EXIT_LOAD = 3
 EXIT_ADDRESS = 4
 DEFAULT_PORT = 8888
 DEFAULT_GRACE = 30.0
+SECONDS = "a number of seconds"
 
 # The worker processes of --workers and --reload import the app from this module; the parent passes its
 # settings through these variables.
 _ENV_SETTINGS = "MODELSERVE_CLI_SETTINGS"
 
 logger = logging.getLogger("modelserve")
+
+
+def number(
+    kind: type[int] | type[float],
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    above: bool = False,
+    noun: str | None = None,
+) -> Callable[[str], float]:
+    """An argparse ``type`` that reads an int or a finite float within bounds, so that every numeric option is
+    refused the same way (exit 2, ``modelserve: error: argument --port: expected ...``)::
+
+        parser.add_argument("--port", type=number(int, 1, 65535))
+        parser.add_argument("--body-timeout", type=number(float, 0, above=True))   # more than 0
+
+    `above` makes `minimum` itself refused (a timeout of 0 would close every connection at once).
+    """
+    noun = noun or ("an integer" if kind is int else "a number")
+    if minimum is not None and maximum is not None:
+        wanted = f"{noun} from {minimum:g} to {maximum:g}"
+    elif minimum is not None:
+        wanted = f"{noun} {'above' if above else 'of at least'} {minimum:g}"
+    else:
+        wanted = noun
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        low = minimum is not None and (value <= minimum if above else value < minimum)
+        if not math.isfinite(value) or low or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def path(text: str) -> str:
+    """An argparse ``type`` for a file or folder: absolute, against the folder the command ran in, before anything
+    changes the working directory (a project folder becomes it; uvicorn reads the TLS files after that)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got ''")
+    from modelserve.project import caller_dir
+
+    return os.path.normpath(caller_dir() / os.path.expanduser(text))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,11 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"modelserve {__version__}")
     parser.add_argument(
         "project_dir",
+        type=path,
         help="folder holding modelserve.yaml (or a model.py with a class Model, a Truss, a cortex.yaml)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default: {DEFAULT_PORT})")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes, each loading the project")
+    parser.add_argument(
+        "--port",
+        type=number(int, 1, 65535),
+        default=DEFAULT_PORT,
+        metavar="PORT",
+        help=f"port to bind (default: {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=number(int, 1),
+        default=1,
+        metavar="N",
+        help="worker processes, each loading the project (default: 1)",
+    )
     parser.add_argument(
         "--log-level",
         default="info",
@@ -68,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--graceful-timeout",
-        type=float,
+        type=number(float, 0, noun=SECONDS),
         default=DEFAULT_GRACE,
+        metavar="SECONDS",
         help=f"seconds in-flight requests get to finish after SIGTERM (default: {DEFAULT_GRACE:g})",
     )
     parser.add_argument(
@@ -78,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs-store", default=None, help=f"override the jobs store: {STORE_CHOICES}")
     parser.add_argument(
         "--secrets-dir",
+        type=path,
         default=None,
+        metavar="PATH",
         help="folder of secret files, one per secret name, read by a Model's `secrets` (default: /secrets)",
     )
     security = parser.add_argument_group("serving beyond loopback")
@@ -95,8 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="let web pages of this origin (https://app.example.com) call the server from a browser; repeatable",
     )
-    security.add_argument("--ssl-certfile", metavar="PATH", default=None, help="serve HTTPS with this certificate")
-    security.add_argument("--ssl-keyfile", metavar="PATH", default=None, help="the certificate's private key")
+    security.add_argument(
+        "--ssl-certfile", metavar="PATH", type=path, default=None, help="serve HTTPS with this certificate"
+    )
+    security.add_argument(
+        "--ssl-keyfile", metavar="PATH", type=path, default=None, help="the certificate's private key"
+    )
     security.add_argument(
         "--ssl-keyfile-password-env",
         metavar="NAME",
@@ -108,28 +177,28 @@ def build_parser() -> argparse.ArgumentParser:
     limits = parser.add_argument_group("transport limits")
     limits.add_argument(
         "--max-header-size",
-        type=int,
+        type=number(int, 1),
         default=MAX_HEADER_SIZE,
         metavar="BYTES",
         help=f"largest request line and headers; larger: 400 and closed (default: {MAX_HEADER_SIZE})",
     )
     limits.add_argument(
         "--header-timeout",
-        type=float,
+        type=number(float, 0, above=True, noun=SECONDS),
         default=HEADER_TIMEOUT,
         metavar="SECONDS",
         help=f"seconds a request's headers may take to arrive, then closed (default: {HEADER_TIMEOUT:g})",
     )
     limits.add_argument(
         "--body-timeout",
-        type=float,
+        type=number(float, 0, above=True, noun=SECONDS),
         default=BODY_TIMEOUT,
         metavar="SECONDS",
         help=f"seconds a request's body may take after its headers, then closed (default: {BODY_TIMEOUT:g})",
     )
     limits.add_argument(
         "--refusal-pause",
-        type=float,
+        type=number(float, 0, 1, noun=SECONDS),
         default=REFUSAL_PAUSE,
         metavar="SECONDS",
         help="after a 503 because the line was full, seconds before the connection's next request is read"
@@ -198,7 +267,7 @@ def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str
 
 def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
     return {
-        "project_dir": str(Path(args.project_dir).resolve()),
+        "project_dir": str(Path(args.project_dir).resolve()),  # already absolute (`path`); links resolved
         "base_url": base_url,
         "jobs_store": args.jobs_store,
         "workers": args.workers,
@@ -252,11 +321,19 @@ def worker_app() -> Any:
 
 
 def _ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """uvicorn's TLS settings from ``--ssl-*``, checked by loading the certificate once (`ValueError` says why)."""
+    """uvicorn's TLS settings from ``--ssl-*``, checked by loading the certificate once (`ValueError` says why).
+
+    The paths are absolute already (`path`). A private key that users other than its owner may read gets a
+    warning naming the file and the ``chmod`` that fixes it.
+    """
     if args.ssl_certfile is None:
         if args.ssl_keyfile is not None or args.ssl_keyfile_password_env is not None:
             raise ValueError("--ssl-keyfile and --ssl-keyfile-password-env need --ssl-certfile")
         return {}
+    for option, file in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
+        if file is not None and not os.path.isfile(file):
+            reason = "is not a file" if os.path.exists(file) else "does not exist"
+            raise ValueError(f"{option}: {file} {reason}")
     password = None
     if args.ssl_keyfile_password_env is not None:
         password = os.environ.get(args.ssl_keyfile_password_env)
@@ -266,17 +343,41 @@ def _ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
             )
     import ssl
 
+    asked: list[bool] = []
+
+    def no_password() -> str:  # OpenSSL asks for a password only when the key is encrypted
+        asked.append(True)
+        return ""
+
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:  # an encrypted key without a password fails here, rather than OpenSSL prompting on the terminal
-        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile, password if password is not None else _no_password)
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile, password if password is not None else no_password)
     except (OSError, ssl.SSLError) as exc:
-        hint = "" if password is not None else " (an encrypted key needs --ssl-keyfile-password-env)"
-        raise ValueError(f"cannot load the TLS certificate {args.ssl_certfile!r} and its key: {exc}{hint}") from None
+        if asked:
+            option, file = (
+                ("--ssl-keyfile", args.ssl_keyfile) if args.ssl_keyfile else ("--ssl-certfile", args.ssl_certfile)
+            )
+            raise ValueError(
+                f"{option}: the private key in {file} is encrypted; give its password with --ssl-keyfile-password-env"
+            ) from None
+        raise ValueError(f"cannot load the TLS certificate {args.ssl_certfile} and its key: {exc}") from None
+    _warn_readable_key(args.ssl_keyfile or args.ssl_certfile)
     return {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile, "ssl_keyfile_password": password}
 
 
-def _no_password() -> str:
-    return ""
+def _warn_readable_key(file: str) -> None:
+    """Warn when users other than the owner of the private key's file may read it (or write it: mode & 0o077)."""
+    import shlex
+    import stat
+
+    mode = stat.S_IMODE(os.stat(file).st_mode)
+    if mode & 0o077:
+        logger.warning(
+            "the TLS private key %s is open to users other than its owner (mode %s); restrict it with: chmod 600 %s",
+            file,
+            oct(mode)[2:].zfill(4),
+            shlex.quote(file),
+        )
 
 
 def _warn_exposed(host: str, keys: bool, tls: bool) -> None:
@@ -324,27 +425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage, 0 on --help
         return int(exc.code or 0)
-    if args.workers < 1:
-        parser.print_usage(sys.stderr)
-        print("modelserve: error: --workers must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
     if args.workers > 1 and args.reload:
+        parser.print_usage(sys.stderr)
         print("modelserve: error: --reload and --workers cannot be used together", file=sys.stderr)
-        return EXIT_USAGE
-    if args.refusal_pause < 0 or args.refusal_pause > 1:
-        print("modelserve: error: --refusal-pause must be between 0 and 1 second", file=sys.stderr)
-        return EXIT_USAGE
-    if args.max_header_size < 1 or args.header_timeout <= 0 or args.body_timeout <= 0:
-        print(
-            "modelserve: error: --max-header-size, --header-timeout and --body-timeout must be positive",
-            file=sys.stderr,
-        )
         return EXIT_USAGE
 
     if args.secrets_dir is not None:
         from modelserve.secrets import SECRETS_DIR_ENV
 
-        os.environ[SECRETS_DIR_ENV] = str(Path(args.secrets_dir).resolve())
+        os.environ[SECRETS_DIR_ENV] = args.secrets_dir
 
     import logging.config
 

@@ -190,8 +190,8 @@ def test_sigterm_lets_an_in_flight_request_finish(tmp_path: Path, start_server: 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--port", "not-a-number"], "invalid int value"),
-        (["--workers", "0"], "--workers must be at least 1"),
+        (["--port", "not-a-number"], "modelserve: error: argument --port: expected an integer"),
+        (["--workers", "0"], "modelserve: error: argument --workers: expected an integer of at least 1"),
         (["--reload", "--workers", "2"], "cannot be used together"),
         (["--log-level", "loud"], "invalid choice"),
     ],

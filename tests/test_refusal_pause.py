@@ -109,4 +109,4 @@ def test_the_refusal_pause_must_be_a_short_time(tmp_path: Path) -> None:
             timeout=60,
         )
         assert done.returncode == 2, done.stderr
-        assert "--refusal-pause must be between 0 and 1 second" in done.stderr
+        assert "argument --refusal-pause: expected a number of seconds from 0 to 1" in done.stderr
