@@ -14,7 +14,9 @@ Before any user code is imported:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import keyword
 import os
 import sys
 import traceback
@@ -83,8 +85,15 @@ def apply_api_environment(root: Path, env: dict[str, str], python_path: list[str
 def import_file(root: Path, relative_path: str, instance: str | None = None) -> ModuleType:
     """Import a project file once (several APIs naming one file share its module and its globals).
 
+    The module gets the name that ``import`` would give it from the project folder (``model/model.py`` is
+    ``model.model``, as Truss imports it), with its parent packages in ``sys.modules``: `pickle` finds the
+    classes and functions it defines by that name, in this process and in the worker processes it starts (a
+    ``ProcessPoolExecutor`` sends them by name), and ``import model.model`` elsewhere gets the same module.
+    Where that name (or a parent's) is already another module's, the file gets a name of its own under a
+    package registered for the project (`_project_package`).
+
     With `instance` (an API's name), once per instance: each gets a module and globals of its own, as each
-    API of a Cortex project ran in a process of its own.
+    API of a Cortex project ran in a process of its own (``handler__<api>``, beside the file's own name).
     """
     path = (root / relative_path).resolve()
     module = _modules.get((path, instance))
@@ -94,13 +103,25 @@ def import_file(root: Path, relative_path: str, instance: str | None = None) -> 
         raise LoadError(f"{relative_path}: leads to {str(path)!r}, outside the project folder {str(root)!r}")
     if not path.is_file():
         raise LoadError(f"{relative_path}: file not found in {root}")
-    dotted = ".".join(path.relative_to(root.resolve()).with_suffix("").parts)
-    name = f"modelserve_project.{dotted}"
+    base = root.resolve()
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    existing = sys.modules.get(".".join(parts))
+    if instance is None and existing is not None and _file_of(existing) == path:
+        _modules[(path, instance)] = existing  # imported already, by user code's own `import`
+        return existing
     if instance is not None:
-        name += "__" + "".join(char if char.isalnum() else "_" for char in instance)
+        parts[-1] += "__" + "".join(char if char.isalnum() else "_" for char in instance)
+    prefix = _free_prefix(base, parts)
+    if prefix is None:
+        prefix = _project_package(base)
+    name = ".".join([*prefix, *parts])
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise LoadError(f"{relative_path}: not an importable Python file")
+    try:
+        parent = _parents(base, prefix, parts[:-1])
+    except Exception as exc:
+        raise LoadError(f"{relative_path}: importing its package raised {describe_error(exc)}") from exc
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -108,8 +129,78 @@ def import_file(root: Path, relative_path: str, instance: str | None = None) -> 
     except Exception as exc:
         del sys.modules[name]
         raise LoadError(f"{relative_path}: importing it raised {describe_error(exc)}") from exc
+    if parent is not None:
+        setattr(parent, parts[-1], module)
     _modules[(path, instance)] = module
     return module
+
+
+def _free_prefix(base: Path, parts: list[str]) -> list[str] | None:
+    """``[]`` when the file can have its own dotted name (each part an identifier, each name free in
+    ``sys.modules`` or already this project's module of that path), else None."""
+    if not all(part.isidentifier() and not keyword.iskeyword(part) for part in parts):
+        return None
+    for index in range(1, len(parts) + 1):
+        existing = sys.modules.get(".".join(parts[:index]))
+        if existing is None:
+            continue
+        folder = base.joinpath(*parts[:index])
+        if index == len(parts) or not _is_package_of(existing, folder):
+            return None
+    return []
+
+
+def _file_of(module: ModuleType) -> Path | None:
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if isinstance(file, str) else None
+
+
+def _is_package_of(module: ModuleType, folder: Path) -> bool:
+    paths = getattr(module, "__path__", None) or []
+    return any(Path(entry).resolve() == folder for entry in paths)
+
+
+def _project_package(base: Path) -> list[str]:
+    """A package for a project whose files cannot have their own names: ``modelserve_project_<hash>``,
+    whose path is the project folder."""
+    digest = hashlib.sha1(str(base).encode()).hexdigest()[:10]
+    return [f"modelserve_project_{digest}"]
+
+
+def _parents(base: Path, prefix: list[str], folders: list[str]) -> ModuleType | None:
+    """Register the packages above a project file, as ``import`` would: a folder with ``__init__.py`` is
+    that package (its ``__init__.py`` run), one without is a namespace package. Returns the innermost."""
+    parent: ModuleType | None = None
+    names: list[str] = []
+    chain = [(part, base) for part in prefix] + [(part, None) for part in folders]
+    folder = base
+    for part, fixed in chain:
+        names.append(part)
+        if fixed is None:
+            folder = folder / part
+        name = ".".join(names)
+        module = sys.modules.get(name)
+        if module is None:
+            init = folder / "__init__.py"
+            if fixed is None and init.is_file():
+                spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+            else:
+                spec = importlib.util.spec_from_loader(name, None, is_package=True)
+            assert spec is not None
+            module = importlib.util.module_from_spec(spec)
+            if spec.loader is None:
+                module.__path__ = [str(folder)]
+            sys.modules[name] = module
+            if spec.loader is not None:
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+            if parent is not None:
+                setattr(parent, part, module)
+        parent = module
+    return parent
 
 
 def find_class(module: ModuleType, class_name: str, relative_path: str) -> type[Any]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from modelserve.backends import Backend, resolve_class
+from modelserve.backends._children import Children
 from modelserve.backends.model_class import call_load, check_constructor, construct, constructor_arguments
 from modelserve.context import current_request_id
 from modelserve.errors import LoadError
@@ -31,6 +32,7 @@ class HandlerClassBackend(Backend):
         self.metrics_client = metrics_client
         self.api_metrics = api_metrics
         self.instance: Any = None
+        self.children = Children(self.label)
         check_constructor(self.cls, self.label)
         handle = getattr(self.cls, "handle_async", None)
         if handle is None or not callable(handle):
@@ -49,6 +51,7 @@ class HandlerClassBackend(Backend):
         self.has_load = callable(getattr(self.cls, "load", None))
 
     async def load(self) -> None:
+        self.children.note()
         available = constructor_arguments(self.api, None, self.metrics_client)
         self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
         if self.has_load:
@@ -87,3 +90,6 @@ class HandlerClassBackend(Backend):
             "class": self.label,
             "handle_async": {"async": self.is_async, "takes": sorted(self.wants)},
         }
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self.children.stop)

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 
 from modelserve import devices
 from modelserve.backends import Backend, resolve_class
+from modelserve.backends._children import Children
 from modelserve.batching import Batcher, BatchThreads, Failed
 from modelserve.context import RequestContext, current
 from modelserve.errors import (
@@ -168,6 +169,8 @@ class ModelClassBackend(Backend):
         self.threads: BatchThreads | None = None
         #: Where the API's code runs in this process (`modelserve.devices`); the CPU until loaded.
         self.device = devices.CPU
+        #: The processes its code starts, stopped when the API closes.
+        self.children = Children(self.label)
         check_constructor(self.cls, self.label)
         if api.batching is not None:
             predict = self.spec.stage("predict")
@@ -186,6 +189,7 @@ class ModelClassBackend(Backend):
         return any(stage is not None and stage.generator is not None for stage in stages)
 
     async def load(self) -> None:
+        self.children.note()
         self.device = devices.assign(self.api.devices)
         devices.place(self.api.name, self.device)
         predict = self.spec.stage("predict")
@@ -201,6 +205,13 @@ class ModelClassBackend(Backend):
             self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
             if self.spec.has_load:
                 await call_load(self.instance, self.label, self.spec.load_is_async, self.threads)
+        except LoadError as exc:
+            from modelserve.compat.truss_cache import hint
+
+            said = hint(self.root or Path.cwd(), str(exc))
+            if said is None:
+                raise
+            raise LoadError(f"{exc}; {said}") from exc.__cause__
         finally:
             devices.leave(token)
         self.pipeline = self.build_pipeline(self.instance)
@@ -287,6 +298,7 @@ class ModelClassBackend(Backend):
         batcher = getattr(self, "batcher", None)
         if batcher is not None:
             batcher.close()
+        await anyio.to_thread.run_sync(self.children.stop)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -29,6 +29,7 @@ import anyio.to_thread
 from modelserve import devices, runtimes
 from modelserve.backends import Backend
 from modelserve.backends._adaptive import THREAD, Adaptive
+from modelserve.backends._children import Children
 from modelserve.batching import BatchThreads, TensorBatcher
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable
@@ -150,6 +151,7 @@ class ModelFileBackend(Backend):
         self.path = (root or Path.cwd()) / self.config.path
         self.label = f"api '{api.name}'"
         self.api_metrics = api_metrics
+        self.children = Children(self.label)
         runtimes.check_installed(self.config.format)
         self.hooks_label = ""
         self.hooks: dict[str, Any] = {}
@@ -181,6 +183,7 @@ class ModelFileBackend(Backend):
         self.converter: InputConverter | None = None
 
     async def load(self) -> None:
+        self.children.note()
         self.device = devices.assign(self.api.devices)
         devices.place(self.api.name, self.device)
         self.model = await anyio.to_thread.run_sync(self._load_model)
@@ -366,6 +369,7 @@ class ModelFileBackend(Backend):
             self.threads.close()
         if self.model is not None:
             self.model.close()
+        await anyio.to_thread.run_sync(self.children.stop)
 
 
 # ------------------------------------------------------------------------------------------------
