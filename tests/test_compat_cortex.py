@@ -632,3 +632,117 @@ def test_a_model_with_a_handler_class_in_modelserve_yaml_is_a_cortex_handler(tmp
         assert client.get("/iris").json()["backend"] == "cortex_handler"
         bad = client.post("/iris", json={**sample("v031-onnx-predictor-iris"), "petal_width": [1, 2]})
         assert bad.status_code == 400 and "input 'input'" in bad.json()["error"]  # the client's 400 passes through
+
+
+# --------------------------------------------------------------------------------------------------
+# Cortex 0.31's AsyncAPI (predict) and 0.25-0.35's server_side_batching of a python handler, each published
+# example served unchanged, with stand-ins for boto3 (a folder for S3) and torch (tests/stand_ins.py)
+
+
+def stand_in_s3(tmp: Path, files: dict[str, bytes]) -> dict[str, str]:
+    for key, data in files.items():
+        (tmp / "s3" / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "s3" / key).write_bytes(data)
+    return {"STAND_IN_S3": str(tmp / "s3")}
+
+
+def nearest(row: list[float]) -> str:
+    scores = np.asarray(row, dtype=np.float32) @ WEIGHTS + BIAS
+    return ["setosa", "versicolor", "virginica"][int(np.argmax(scores))]
+
+
+def test_v031_async_api_predict_runs_each_job(tmp_path: Path, start_server: Any) -> None:
+    """Cortex 0.31's AsyncAPI called PythonPredictor.predict(payload) (0.32 renamed it handle_async)."""
+    from tests.stand_ins import BOTO3, write
+
+    root = project(tmp_path, "v031-async-iris")
+    write(root, BOTO3)
+    pickled_models(root, {"model.pkl": MEANS.tolist()})
+    env = stand_in_s3(
+        tmp_path, {"cortex-examples/sklearn/iris-classifier/model.pkl": (root / "model.pkl").read_bytes()}
+    )
+    server = start_server(root, env=env)
+    server.wait_ready()
+    submitted = httpx.post(f"{server.url}/iris-classifier", json=sample("v031-async-iris"))
+    assert submitted.status_code == 200, server.log
+    job_id = submitted.json()["id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{server.url}/iris-classifier/{job_id}").json()
+        if job["status"] not in ("in_queue", "in_progress"):
+            break
+        time.sleep(0.05)
+    assert job["status"] == "completed", job
+    assert job["result"] == {"result": "setosa"}
+    assert httpx.get(f"{server.url}/iris-classifier").json()["method"]["name"] == "predict"
+
+
+def iris_net_weights() -> bytes:
+    """IrisNet's state dict (4 -> 100 -> 100 -> 3) as a nearest-centroid rule: fc1 and fc2 pass the four
+    measurements through, fc3 scores each class (x . mu_k - |mu_k|^2 / 2)."""
+    import pickle
+
+    fc1, fc2, fc3 = np.zeros((100, 4)), np.zeros((100, 100)), np.zeros((3, 100))
+    fc1[:4, :4] = fc2[:4, :4] = np.eye(4)
+    fc3[:, :4] = MEANS
+    state = {"fc1.weight": fc1, "fc1.bias": np.zeros(100), "fc2.weight": fc2, "fc2.bias": np.zeros(100)}
+    state.update({"fc3.weight": fc3, "fc3.bias": BIAS})
+    return pickle.dumps(state)
+
+
+def test_v035_server_side_batching_gives_a_python_handler_lists(tmp_path: Path, start_server: Any) -> None:
+    """Cortex's pytorch server-side-batching example: handle_post(payload) iterates over a list of payloads and
+    returns a list of labels; each request gets its own, as text. Eight concurrent requests (max_batch_size 8,
+    batch_interval 0.1s) share fewer than eight calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.stand_ins import BOTO3, TORCH, write
+
+    root = project(tmp_path, "v035-server-side-batching")
+    write(root, {**BOTO3, **TORCH})
+    env = stand_in_s3(tmp_path, {"cortex-examples/pytorch/iris-classifier/weights.pth": iris_net_weights()})
+    server = start_server(root, env=env)
+    server.wait_ready()
+    rows = [[5.0, 3.4, 1.5, 0.2], [5.9, 2.8, 4.3, 1.3], [6.6, 3.0, 5.5, 2.0], list(sample_row())] * 2
+    bodies = [dict(zip(FEATURES, row, strict=True)) for row in rows]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda body: httpx.post(f"{server.url}/iris-classifier", json=body), bodies))
+    for answer, row in zip(answers, rows, strict=True):
+        assert answer.status_code == 200, server.log
+        assert answer.headers["content-type"].startswith("text/plain")
+        assert answer.text == nearest(row)
+    metrics = httpx.get(f"{server.url}/metrics").text
+    count = next(line for line in metrics.splitlines() if line.startswith("modelserve_batch_size_count"))
+    assert 1 <= float(count.split()[-1]) < len(bodies), metrics
+    described = httpx.get(f"{server.url}/iris-classifier").json()
+    assert described["server_side_batching"] == {"max_batch_size": 8, "batch_interval_ms": 100.0}
+
+
+def sample_row() -> list[float]:
+    body = sample("v035-server-side-batching")
+    return [body[name] for name in FEATURES]
+
+
+def test_server_side_batching_is_checked(tmp_path: Path) -> None:
+    from modelserve.config import load_project_config
+    from modelserve.errors import ConfigError
+
+    root = write(
+        tmp_path,
+        {
+            "handler.py": HANDLER + "    def handle_post(self, payload):\n        return payload\n",
+            "cortex.yaml": """
+- name: a
+  handler: {path: handler.py, server_side_batching: {max_batch_size: 0}}
+- name: b
+  handler: {path: handler.py, server_side_batching: {max_batch_size: 4, batch_interval: 1x}}
+- name: c
+  handler: {path: handler.py, server_side_batching: {max_batch_size: 4, batch_interval: 1m5ms}}
+""",
+        },
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_project_config(root)
+    assert "api 'a', handler, server_side_batching: key 'max_batch_size'" in str(caught.value)
+    assert "api 'b', handler, server_side_batching: key 'batch_interval'" in str(caught.value)
+    assert "api 'c'" not in str(caught.value)

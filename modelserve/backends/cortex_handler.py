@@ -33,6 +33,8 @@ from starlette.responses import Response
 
 from modelserve import runtimes
 from modelserve.backends import Backend
+from modelserve.backends._children import Children
+from modelserve.batching import Batcher, BatchThreads
 from modelserve.codecs import encode_json
 from modelserve.context import current_request_id
 from modelserve.errors import BadRequest, LoadError
@@ -76,6 +78,9 @@ class CortexHandlerBackend(Backend):
         self.metrics_client = metrics_client
         self.api_metrics = api_metrics
         self.config = api.handler.config
+        self.children = Children(f"api '{api.name}'")
+        #: With Cortex's server_side_batching (a python handler): concurrent requests' payloads in one call.
+        self.batcher: Batcher | None = None
         for model in self.cortex.models.values():
             if model.format != "python":
                 runtimes.check_installed(model.format)
@@ -115,7 +120,7 @@ class CortexHandlerBackend(Backend):
                 return cls
         client = "" if self.cortex.type == "python" else f", {CLIENT_ARGS[self.cortex.type][0]}"
         method = (
-            "handle_async(self, payload)"
+            "handle_async(self, payload) (or predict(self, payload) in Cortex 0.31)"
             if self.api.kind == "async"
             else "handle_post(self, payload) (or predict(self, payload) before Cortex 0.32)"
         )
@@ -140,8 +145,8 @@ class CortexHandlerBackend(Backend):
                 )
         names: tuple[str, ...]
         allowed: tuple[str, ...]
-        if self.api.kind == "async":
-            names, allowed = ("handle_async",), JOB_ARGS
+        if self.api.kind == "async":  # Cortex 0.31's AsyncAPI called predict(payload, request_id)
+            names, allowed = ("handle_async", "predict"), JOB_ARGS
         else:
             names, allowed = ("handle_post", "predict"), REQUEST_ARGS
         method_name = next((name for name in names if callable(getattr(cls, name, None))), None)
@@ -149,7 +154,7 @@ class CortexHandlerBackend(Backend):
             others = [name for name in OTHER_VERBS if callable(getattr(cls, name, None))]
             also = f" ({', '.join(others)} are not served here: GET /<api> describes the API)" if others else ""
             expected = (
-                "handle_async(self, payload, request_id)"
+                "handle_async(self, payload, request_id) (or predict(self, payload, request_id) in Cortex 0.31)"
                 if self.api.kind == "async"
                 else (
                     "handle_post(self, payload, query_params, headers) (or predict(...) before Cortex 0.32), "
@@ -172,6 +177,8 @@ class CortexHandlerBackend(Backend):
             self.is_async = inspect.iscoroutinefunction(method)
         if self.cortex.type == "python" and self.cortex.models and not callable(getattr(cls, "load_model", None)):
             problems.append(f"class {cls.__name__} has models configured but no method load_model(self, model_path)")
+        if self.api.batching is not None and method_name is not None and self.is_generator(cls, method_name):
+            problems.append(f"{cls.__name__}.{method_name} streams; with server_side_batching it returns a list")
         if problems:
             raise LoadError(f"{where}: " + "; ".join(problems))
         self.ignored = [name for name in OTHER_VERBS if callable(getattr(cls, name, None))]
@@ -197,7 +204,13 @@ class CortexHandlerBackend(Backend):
     # ------------------------------------------------------------------------------------------------
     # loading
 
+    @staticmethod
+    def is_generator(cls: type, name: str) -> bool:
+        method = getattr(cls, name)
+        return inspect.isasyncgenfunction(method) or inspect.isgeneratorfunction(method)
+
     async def load(self) -> None:
+        self.children.note()
         self.client = await anyio.to_thread.run_sync(self._make_client)
         if self.cortex.style == "module":
             await anyio.to_thread.run_sync(self._init_module)
@@ -206,6 +219,8 @@ class CortexHandlerBackend(Backend):
             if isinstance(self.client, PythonClient) and self.cortex.models:
                 await anyio.to_thread.run_sync(self.client.load_all, self.instance.load_model, self.label)
         self.pipeline = self._build_pipeline()
+        if self.batcher is not None and self.batcher.threads is not None:
+            await anyio.to_thread.run_sync(self.batcher.threads.start)
 
     def _make_client(self) -> Any:
         if self.cortex.type == "python":
@@ -259,7 +274,17 @@ class CortexHandlerBackend(Backend):
             method = getattr(self.instance, self.method_name)
             realtime = self.api.kind != "async"
             post = getattr(self.instance, "post_predict", None) if realtime else None
-            call = _class_call(method, self.wants, self.is_async, realtime, post if callable(post) else None)
+            post = post if callable(post) else None
+            if self.api.batching is not None:
+                self.batcher = self._batcher(method)
+                call = _batched_call(self.batcher, self.wants, post)
+                return Pipeline(
+                    [Stage(self.method_name, call, True, shared=True)],
+                    needs_inputs=True,
+                    needs_request=bool(self.wants & {"query_params", "headers"}) or post is not None,
+                    timer=self.api_metrics.stage_timer,
+                )
+            call = _class_call(method, self.wants, self.is_async, realtime, post)
             needs_request = bool(self.wants & {"query_params", "headers"}) or callable(post)
             needs_inputs = needs_inputs or callable(post)
         return Pipeline(
@@ -267,6 +292,41 @@ class CortexHandlerBackend(Backend):
             needs_inputs=needs_inputs,
             needs_request=needs_request,
             timer=self.api_metrics.stage_timer,
+        )
+
+    def _batcher(self, method: Any) -> Batcher:
+        """Cortex's server_side_batching for a python handler: the method gets lists (``payload``,
+        ``query_params``, ``headers``: one item per request, in the same order) and returns a list of results
+        in that order. One batch runs at a time, as in Cortex (its batcher had one thread)."""
+        batching = self.api.batching
+        assert batching is not None
+        names = [name for name in REQUEST_ARGS if name in self.wants]
+
+        def arguments(items: list[tuple[Any, Any]]) -> dict[str, list[Any]]:
+            lists: dict[str, list[Any]] = {name: [] for name in names}
+            for value, request in items:
+                for name in names:
+                    if name == "payload":
+                        lists[name].append(value)
+                    else:
+                        lists[name].append(getattr(request, name) if request is not None else {})
+            return lists
+
+        options: dict[str, Any] = {
+            "name": self.api.name,
+            "max_batch_size": batching.max_batch_size,
+            "max_wait_ms": batching.max_wait_ms,
+            "max_concurrency": 1,
+            "on_batch": self.api_metrics.batch,
+        }
+        if self.is_async:
+
+            async def call_batch(items: list[tuple[Any, Any]]) -> list[Any]:
+                return await method(**arguments(items))  # type: ignore[no-any-return]
+
+            return Batcher(call_batch, **options)
+        return Batcher(
+            sync_call=lambda items: method(**arguments(items)), threads=BatchThreads(self.api.name, 1), **options
         )
 
     def describe(self) -> dict[str, Any]:
@@ -279,37 +339,55 @@ class CortexHandlerBackend(Backend):
         }
         if self.ignored:
             info["not_served"] = self.ignored
+        if self.api.batching is not None:
+            info["server_side_batching"] = {
+                "max_batch_size": self.api.batching.max_batch_size,
+                "batch_interval_ms": self.api.batching.max_wait_ms,
+            }
         return info
 
     async def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
         if isinstance(self.client, ModelClient):
             self.client.close()
+        await anyio.to_thread.run_sync(self.children.stop)
 
 
 def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool, post: Any = None) -> Any:
     """A handler method as a pipeline stage. Realtime results are sent as Cortex sent them; `post` is the
     class's post_predict (Cortex 0.19-0.31), called with the response after it is sent."""
+    finish = _finisher(post) if realtime else (lambda result, value, request: result)
+
+    if is_async:
+
+        async def call_async(value: Any, request: Any) -> Any:
+            return finish(await method(**_arguments(wants, value, request)), value, request)
+
+        return call_async
+    return lambda value, request: finish(method(**_arguments(wants, value, request)), value, request)
+
+
+def _batched_call(batcher: Batcher, wants: set[str], post: Any) -> Any:
+    """A request's place in a batch; its own result is sent as Cortex sent each (str as text, a
+    ``(result, callback)`` pair's callback after the answer)."""
+    finish = _finisher(post)
+
+    async def call(value: Any, request: Any) -> Any:
+        return finish(await batcher.submit((value, request)), value, request)
+
+    return call
+
+
+def _finisher(post: Any) -> Any:
+    """A realtime result as Cortex sent it, with post_predict (Cortex 0.19-0.31) run after it is sent."""
     post_wants = set(select_kwargs(post, dict.fromkeys(("response", *REQUEST_ARGS)))) if post is not None else set()
 
-    def arguments(names: set[str], value: Any, request: Any) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
-        if "payload" in names:
-            kwargs["payload"] = value
-        if "query_params" in names:
-            kwargs["query_params"] = request.query_params if request is not None else {}
-        if "headers" in names:
-            kwargs["headers"] = request.headers if request is not None else {}
-        if "request_id" in names:
-            kwargs["request_id"] = current_request_id()
-        return kwargs
-
     def finish(result: Any, value: Any, request: Any) -> Any:
-        if not realtime:
-            return result
         if post is None:
             return as_cortex_response(result)
         response = as_cortex_response(result, always=True)
-        kwargs = arguments(post_wants, value, request)
+        kwargs = _arguments(post_wants, value, request)
         if "response" in post_wants:
             kwargs["response"] = response
         tasks = BackgroundTasks([response.background] if response.background is not None else [])
@@ -317,13 +395,20 @@ def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool, po
         response.background = tasks
         return response
 
-    if is_async:
+    return finish
 
-        async def call_async(value: Any, request: Any) -> Any:
-            return finish(await method(**arguments(wants, value, request)), value, request)
 
-        return call_async
-    return lambda value, request: finish(method(**arguments(wants, value, request)), value, request)
+def _arguments(names: set[str], value: Any, request: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if "payload" in names:
+        kwargs["payload"] = value
+    if "query_params" in names:
+        kwargs["query_params"] = request.query_params if request is not None else {}
+    if "headers" in names:
+        kwargs["headers"] = request.headers if request is not None else {}
+    if "request_id" in names:
+        kwargs["request_id"] = current_request_id()
+    return kwargs
 
 
 def _module_call(predict: Any, metadata: dict[str, Any], is_async: bool) -> Any:

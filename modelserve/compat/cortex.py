@@ -18,6 +18,7 @@ Model paths must be local (relative to the project folder, or absolute): an ``s3
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from modelserve.config import (
     _NAME_RE,
     RESERVED_NAMES,
     ApiConfig,
+    BatchingConfig,
     CortexConfig,
     HandlerConfig,
     ModelFileConfig,
@@ -70,7 +72,6 @@ CONTAINER_KEYS = frozenset(
         "log_level",
         "shm_size",
         "dependencies",
-        "server_side_batching",
         "shell",
         "protobuf_path",
         "cache_size",
@@ -234,7 +235,31 @@ class _Reader:
                 api.max_concurrency = threads
             else:
                 self.problems.add(where, f"key 'threads_per_process': expected a positive integer, got {threads!r}")
+        batching = block.get("server_side_batching")
+        if batching is not None:
+            if handler_type == "python" and kind == "realtime":
+                api.batching = self._batching(batching, where)
+            else:  # TensorFlow Serving batched a tensorflow handler's model calls itself
+                self.not_applied.append(f"{where}: server_side_batching ({handler_type} handler)")
         return api
+
+    def _batching(self, raw: Any, where: str) -> BatchingConfig | None:
+        """Cortex 0.25-0.35's ``server_side_batching`` of a python handler: ``max_batch_size`` payloads at most,
+        waiting at most ``batch_interval`` (a Go duration: ``0.1s``, ``100ms``) after the first."""
+        where = f"{where}, server_side_batching"
+        if not isinstance(raw, dict):
+            self.problems.add(where, f"expected a mapping (max_batch_size, batch_interval), got {raw!r}")
+            return None
+        size = raw.get("max_batch_size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            self.problems.add(where, f"key 'max_batch_size': expected a positive integer, got {size!r}")
+            return None
+        given = raw.get("batch_interval")
+        interval = parse_duration(given)
+        if interval is None or interval <= 0:
+            self.problems.add(where, f"key 'batch_interval': expected a duration above 0 (0.1s, 100ms), got {given!r}")
+            return None
+        return BatchingConfig(max_batch_size=size, max_wait_ms=interval * 1000)
 
     def _models(self, block: dict[str, Any], handler_type: str, where: str) -> dict[str, ModelFileConfig] | None:
         """The models of a handler's client, by name ("" for a lone model)."""
@@ -395,6 +420,28 @@ def _model_path(path: Path, fmt: str) -> Path | None:
         if files:
             return files[0]
     return None
+
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_duration(raw: Any) -> float | None:
+    """Seconds from a Go duration as Cortex read them (``0.1s``, ``100ms``, ``1m30s``); a bare number is
+    seconds. None when it is neither."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if not isinstance(raw, str) or not raw:
+        return None
+    seconds, position = 0.0, 0
+    for match in _DURATION.finditer(raw):
+        if match.start() != position:
+            return None
+        seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        position = match.end()
+    return seconds if position == len(raw) else None
 
 
 def _version(path: Path) -> int:
