@@ -102,7 +102,7 @@ def test_a_valid_body_is_validated_and_the_pydantic_answer_is_its_json() -> None
     ("body", "field", "kind"),
     [
         ({"length": 2}, "count", "missing"),
-        ({"length": "long", "count": 3}, "length", "float_parsing"),
+        ({"length": "long", "count": 3}, "length", "float_type"),  # strict: a string is not a number
         ({"length": 2, "count": 3, "color": "red"}, "color", "extra_forbidden"),
     ],
     ids=["missing", "wrong type", "extra field"],

@@ -222,7 +222,7 @@ class ModelClassBackend(Backend):
         for spec in self.spec.stages:
             call = adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request)
             if spec is first and spec.input_type is not None:
-                call = _validating(call, spec.input_type)
+                call = _validating(call, spec.input_type, spec.is_async)
             if spec.name == "predict" and self.api.batching is not None:
                 stages.append(Stage("predict", adapt(spec.bind(instance), True, False), spec.is_async, shared=True))
                 continue
@@ -404,8 +404,16 @@ def _creating(call: StageCall) -> StageCall:
     return create
 
 
-def _validating(call: StageCall, typed: TypedValue) -> StageCall:
+def _validating(call: StageCall, typed: TypedValue, is_async: bool) -> StageCall:
     """The decoded body validated into the type the inputs are annotated with (a 400 naming each failing
-    field if it does not fit), as Truss does for pydantic models."""
+    field if it does not fit), as Truss does for pydantic models. An async stage's large body is validated in
+    a worker thread (a sync stage's runs in one already)."""
+    if is_async:
+        validate_async = typed.validate_async
+
+        async def validated(value: Any, request: Any) -> Any:
+            return await call(await validate_async(value), request)
+
+        return validated
     validate = typed.validate
     return lambda value, request: call(validate(value), request)

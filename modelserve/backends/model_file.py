@@ -94,14 +94,16 @@ def hook_types(hooks: dict[str, Any], label: str) -> tuple[TypedValue | None, Ty
     return types[0], types[1]
 
 
-def _validating_hook(hook: Any, validate: Callable[[Any], Any]) -> Any:
-    """pre_inference receiving the body validated into the type its first parameter is annotated with."""
+def _validating_hook(hook: Any, typed: TypedValue) -> Any:
+    """pre_inference receiving the body validated into the type its first parameter is annotated with (a large
+    body in a worker thread for an async hook)."""
     if inspect.iscoroutinefunction(hook):
 
         async def validated_async(sample: Any, signature: Any, metadata: Any) -> Any:
-            return await hook(validate(sample), signature, metadata)
+            return await hook(await typed.validate_async(sample), signature, metadata)
 
         return validated_async
+    validate = typed.validate
     return lambda sample, signature, metadata: hook(validate(sample), signature, metadata)
 
 
@@ -228,7 +230,7 @@ class ModelFileBackend(Backend):
         pre = self.hooks.get("pre_inference")
         if pre is not None:
             if self.input_type is not None:
-                pre = _validating_hook(pre, self.input_type.validate)
+                pre = _validating_hook(pre, self.input_type)
             stages.append(Stage("pre_inference", self._hook_stage(pre, "pre_inference", self._pre_signature()), True))
         stages.append(Stage("run", self._run_stage(with_post="post_inference" in self.hooks), True, shared=True))
         post = self.hooks.get("post_inference")
