@@ -697,12 +697,6 @@ def _parse_cors(raw: Any, problems: _Problems) -> CorsConfig | None:
     config.max_age = problems.take(section, "max_age", _non_negative_int, "cors", config.max_age)
     if "allow_origins" not in section:
         problems.add("cors", "key 'allow_origins' is required (the origins of the pages that may call, or '*')")
-    if config.allow_credentials and "*" in config.allow_origins:
-        problems.add(
-            "cors",
-            "allow_credentials with the origin '*' would let every web site send a browser's "
-            "credentials; list the origins",
-        )
     return config
 
 
@@ -770,7 +764,8 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
 
 def apply_command_line(project: ProjectConfig, api_key_env: str | None, cors_origins: Sequence[str]) -> None:
     """The command line's ``--api-key-env`` and ``--cors-origin`` over modelserve.yaml's `auth` and `cors`: the
-    variable replaces ``api_keys_env`` (a keys file is still read), the origins are added to ``allow_origins``."""
+    variable replaces ``api_keys_env`` (a keys file is still read), the origins are added to ``allow_origins``.
+    The checks that need both (credentials with the origin ``*``) run here, on the final settings."""
     problems = _Problems("the command line")
     if api_key_env is not None:
         if not _ENV_NAME_RE.match(api_key_env):
@@ -786,6 +781,12 @@ def apply_command_line(project: ProjectConfig, api_key_env: str | None, cors_ori
     if cors_origins:
         project.cors = project.cors or CorsConfig()
         project.cors.allow_origins = list(dict.fromkeys([*project.cors.allow_origins, *cors_origins]))
+    if project.cors is not None and project.cors.allow_credentials and "*" in project.cors.allow_origins:
+        star = "--cors-origin '*'" if "*" in cors_origins else "the origin '*'"
+        raise ConfigError(
+            f"{CONFIG_FILE}: cors: allow_credentials with {star} would let every web site send a browser's"
+            " credentials; list the origins instead"
+        )
 
 
 def _truss_without_model_dir(path: Path) -> bool:

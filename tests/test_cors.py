@@ -1,10 +1,16 @@
 """CORS (`modelserve.http.cors`): preflights answered without running anything, the headers on every answer
-(errors included), refused origins, methods and headers; through a real server, and in-process for a 503."""
+(errors included), refused origins, methods and headers, the request id and a V2 binary answer's header length
+exposed by default, credentials with the origin ``*`` refused from modelserve.yaml and the command line alike;
+through a real server, and in-process for a 503."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +20,7 @@ import pytest
 import modelserve
 from modelserve.config import CorsConfig
 from modelserve.http.cors import Cors
-from tests.conftest import write_project
+from tests.conftest import REPO, write_project
 from tests.models import LOGGED_ECHO
 
 ALLOWED = "http://app.example"
@@ -105,7 +111,10 @@ def test_answers_carry_the_headers_for_an_allowed_origin_only(server: Any) -> No
     allowed = httpx.post(f"{server.url}/echo", json=1, headers={"origin": ALLOWED, "x-api-key": KEY})
     assert allowed.status_code == 200
     assert allowed.headers["access-control-allow-origin"] == ALLOWED
-    assert allowed.headers["access-control-expose-headers"] == "X-Request-ID, Retry-After"
+    # modelserve's own headers first, then the project's (X-Request-ID is not repeated)
+    assert (
+        allowed.headers["access-control-expose-headers"] == "X-Request-ID, Inference-Header-Content-Length, Retry-After"
+    )
     assert allowed.headers["vary"] == "Origin"
     other = httpx.post(f"{server.url}/echo", json=1, headers={"origin": OTHER, "x-api-key": KEY})
     assert other.status_code == 200  # a browser would not let the page read it
@@ -176,7 +185,8 @@ def test_any_origin_answers_a_star_unless_credentials_are_allowed() -> None:
     anyone = Cors(CorsConfig(allow_origins=["*"]))
     assert dict(anyone.headers_for(b"http://x.example"))[b"access-control-allow-origin"] == b"*"
     assert anyone.headers_for(None) == []
-    assert b"access-control-expose-headers" not in dict(anyone.headers_for(b"http://x.example"))  # Starlette's default
+    exposed = dict(anyone.headers_for(b"http://x.example"))[b"access-control-expose-headers"]
+    assert exposed == b"X-Request-ID, Inference-Header-Content-Length"  # by default (Starlette: none)
     assert dict(anyone.preflight(b"http://x.example", b"POST", None, False))[b"access-control-allow-origin"] == b"*"
     listed = Cors(CorsConfig(allow_origins=[ALLOWED], allow_credentials=True))
     headers = dict(listed.headers_for(ALLOWED.encode()))
@@ -215,3 +225,77 @@ def test_command_line_mistakes_exit_2(tmp_path: Path, start_server: Any, args: l
     server = start_server(write_project(tmp_path / "project", {"model.py": MODEL}), *args)
     assert server.wait_exit() == 2
     assert message in server.log
+
+
+V2_MODEL = """
+class Model:
+    def predict(self, inputs):
+        return inputs["x"] * 2
+"""
+
+
+@pytest.mark.slow
+def test_a_v2_binary_answer_can_be_split_by_a_page_by_default(tmp_path: Path, start_server: Any) -> None:
+    """Without expose_headers, a cross-origin page may read X-Request-ID and Inference-Header-Content-Length."""
+    root = write_project(tmp_path / "project", {"model.py": V2_MODEL})
+    server = start_server(root, "--cors-origin", ALLOWED)
+    server.wait_ready()
+    request = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1, 2, 3]}],
+        "parameters": {"binary_data_output": True},
+    }
+    answer = httpx.post(f"{server.url}/v2/models/model/infer", json=request, headers={"origin": ALLOWED})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["access-control-allow-origin"] == ALLOWED
+    exposed = {name.strip().lower() for name in answer.headers["access-control-expose-headers"].split(",")}
+    assert {"x-request-id", "inference-header-content-length"} <= exposed
+    length = int(answer.headers["inference-header-content-length"])
+    header = json.loads(answer.content[:length])
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == 12
+    assert struct.unpack("<3f", answer.content[length:]) == (2.0, 4.0, 6.0)
+    # A preflight of the page's POST is allowed without configuring anything else.
+    preflight_answer = preflight(f"{server.url}/v2/models/model/infer", ALLOWED, headers="content-type")
+    assert preflight_answer.status_code == 204
+
+
+CREDENTIALS = """
+apis: [{name: echo, handler: {path: model.py}}]
+cors: {allow_origins: [%s], allow_credentials: true}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("origins", "args", "message"),
+    [
+        ('"*"', [], "allow_credentials with the origin '*' would let every web site"),
+        ('"http://app.example"', ["--cors-origin", "*"], "allow_credentials with --cors-origin '*' would let every"),
+        (
+            '"http://app.example"',
+            ["--cors-origin", "http://b.example", "--cors-origin", "*"],
+            "allow_credentials with --cors-origin '*'",
+        ),
+    ],
+)
+def test_credentials_with_any_origin_are_refused_from_yaml_and_command_line_alike(
+    tmp_path: Path, origins: str, args: list[str], message: str
+) -> None:
+    root = write_project(tmp_path / "project", {"model.py": MODEL, "modelserve.yaml": CREDENTIALS % origins})
+    result = subprocess.run(
+        [sys.executable, "-m", "modelserve", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"modelserve: error: modelserve.yaml: cors: {message}" in result.stderr
+    assert not (root / "calls.log").exists()  # refused before anything ran
+
+
+def test_credentials_with_any_origin_are_refused_by_create_app_too(tmp_path: Path) -> None:
+    root = write_project(
+        tmp_path / "project", {"model.py": MODEL, "modelserve.yaml": CREDENTIALS % '"http://app.example"'}
+    )
+    with pytest.raises(modelserve.ConfigError, match="allow_credentials with --cors-origin '\\*'"):
+        modelserve.create_app(root, cors_origins=["*"])

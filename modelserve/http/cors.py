@@ -11,9 +11,12 @@ match) or the list holds ``*``; ``*`` answers ``Access-Control-Allow-Origin: *``
 allowed, when the origin is echoed; ``Content-Type``, ``Accept``, ``Accept-Language`` and
 ``Content-Language`` are always allowed request headers. The differences, on purpose: a successful
 preflight is a 204 without a body (Starlette: 200 ``OK``) and a refused one the usual JSON error; a listed
-origin that is refused gets no ``Access-Control-*`` header at all; and with listed origins every answer says
+origin that is refused gets no ``Access-Control-*`` header at all; with listed origins every answer says
 ``Vary: Origin``, with or without an ``Origin`` in the request, so that a cache never hands a page an answer
-made for another origin (added as a header line of its own, which HTTP reads as one list with the others).
+made for another origin (added as a header line of its own, which HTTP reads as one list with the others);
+and modelserve's own answer headers, ``X-Request-ID`` (what error bodies and logs name) and
+``Inference-Header-Content-Length`` (where a V2 binary answer's JSON ends), are always exposed, before the
+``expose_headers`` of the policy (Starlette: none), so that a page can read them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from starlette.types import Message, Send
 from modelserve.config import CORS_METHODS, CorsConfig
 from modelserve.errors import BadRequest
 
+#: Answer headers a page may always read: the request id, and the length of a V2 binary answer's JSON header.
+EXPOSED_HEADERS = ("X-Request-ID", "Inference-Header-Content-Length")
 #: Request headers a page may always send (the CORS safelist), lowercased.
 SAFELISTED_HEADERS = frozenset({"accept", "accept-language", "content-language", "content-type"})
 _PREFLIGHT_VARY = ", ".join(
@@ -54,8 +59,10 @@ class Cors:
         common: Headers = []
         if self.credentials:
             common.append((b"access-control-allow-credentials", b"true"))
-        if config.expose_headers:
-            common.append((b"access-control-expose-headers", ", ".join(config.expose_headers).encode("latin-1")))
+        exposed: dict[str, str] = {}
+        for name in (*EXPOSED_HEADERS, *config.expose_headers):
+            exposed.setdefault(name.lower(), name)
+        common.append((b"access-control-expose-headers", ", ".join(exposed.values()).encode("latin-1")))
         self._common = common
         self._any_origin: Headers = [(b"access-control-allow-origin", b"*"), *common, _VARY_ORIGIN]
         self._by_origin = {origin.encode("latin-1"): self._allow(origin.encode("latin-1")) for origin in self.origins}
