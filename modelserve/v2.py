@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 
 from modelserve.errors import BadRequest
+from modelserve.runtimes._tensors import holds_bool
 
 #: The fixed-size datatypes and their numpy dtypes (little-endian, as the binary extension sends them).
 FIXED: dict[str, np.dtype[Any]] = {
@@ -53,6 +54,12 @@ _PLAIN: dict[np.dtype[Any], str] = {
     dtype.newbyteorder("="): name for name, dtype in FIXED.items() if dtype.kind in "iuf" and dtype.itemsize >= 4
 }
 _LENGTH = struct.Struct("<I")
+#: The most dimensions a tensor may have (numpy's own limit).
+MAX_RANK = 64
+#: The most elements a shape's non-zero dimensions may multiply to. A tensor that holds elements is bounded by
+#: the body already (each element takes at least a byte of it); this bounds the shapes of empty tensors
+#: (``[0, 2**40, 2**40]``), which numpy cannot represent beyond about 2**63 bytes.
+MAX_ELEMENTS = 2**40
 
 
 def bfloat16() -> np.dtype[Any]:
@@ -130,6 +137,34 @@ def _shape(value: Any, name: str) -> None:
     raise BadRequest(f"input '{name}': 'shape' must be a list of integers >= 0, got {_short(value)}")
 
 
+def element_count(name: str, shape: Any, room: int) -> int:
+    """The element count of input `name`'s declared `shape`, in Python ints, before any array exists: a 400
+    for a shape that is not a list of at most `MAX_RANK` integers >= 0 (booleans are not), that declares more
+    elements than `room` (the bytes of the body, each element needing at least one) or whose non-zero
+    dimensions multiply beyond `MAX_ELEMENTS`."""
+    if type(shape) is not list:
+        _shape(shape, name)
+    if len(shape) > MAX_RANK:
+        raise BadRequest(f"input '{name}': 'shape' has {len(shape)} dimensions; at most {MAX_RANK} are supported")
+    count = nominal = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            _shape(shape, name)
+        count *= dim
+        if dim:
+            nominal *= dim
+    if count > room:
+        raise BadRequest(
+            f"input '{name}': shape {_short(shape)} declares {count} elements, more than a body of {room} bytes holds"
+        )
+    if nominal > MAX_ELEMENTS:
+        raise BadRequest(
+            f"input '{name}': shape {_short(shape)} is too large; its non-zero dimensions may multiply to at most "
+            f"{MAX_ELEMENTS}"
+        )
+    return count
+
+
 def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta | None, text: bool) -> InferRequest:
     """Decode an inference request. `header_length` is ``Inference-Header-Content-Length`` (None: the whole body
     is JSON; 0: the raw binary request of `raw_input`, the model's single input). `text`: BYTES become str
@@ -156,6 +191,9 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("the inference request needs 'inputs', a non-empty list of tensors")
     offset = len(body) if header_length is None else header_length
+    # JSON booleans are numbers to numpy; a numeric tensor's data is searched for them only when the header
+    # holds one at all (a fast scan of bytes).
+    booleans = body.find(b"true", 0, offset) >= 0 or body.find(b"false", 0, offset) >= 0
     inputs = V2Inputs()
     inputs.parameters = parameters
     # Checks in line, messages built only when they fail: this loop runs on every request.
@@ -171,11 +209,7 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
         if type(datatype) is not str or datatype not in _KNOWN:
             raise BadRequest(f"input '{name}': unknown datatype {datatype!r}; known: {', '.join(DATATYPES)}")
         shape = item.get("shape")
-        if type(shape) is not list:
-            _shape(shape, name)
-        for dim in shape:
-            if type(dim) is not int or dim < 0:
-                _shape(shape, name)
+        count = element_count(name, shape, len(body))
         params = item.get("parameters")
         size = None
         if params:
@@ -192,10 +226,10 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
                     f"input '{name}': binary_data_size is {size}, but only {len(body) - offset} bytes of binary "
                     "data are left in the body"
                 )
-            inputs[name] = from_binary(name, datatype, shape, body, offset, size, text)
+            inputs[name] = from_binary(name, datatype, shape, body, offset, size, text, count)
             offset += size
         elif "data" in item:
-            inputs[name] = from_json(name, datatype, shape, item["data"], text)
+            inputs[name] = from_json(name, datatype, shape, item["data"], text, count, booleans)
         else:
             raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
     if offset != len(body):
@@ -229,9 +263,20 @@ def _requested_outputs(raw: Any) -> dict[str, bool | None] | None:
     return outputs
 
 
-def from_json(name: str, datatype: str, shape: Sequence[int], data: Any, text: bool) -> np.ndarray:
-    """The array of a tensor given as JSON ``data`` (nested or flat, row-major)."""
-    count = math.prod(shape)
+def from_json(
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    data: Any,
+    text: bool,
+    count: int | None = None,
+    booleans: bool = True,
+) -> np.ndarray:
+    """The array of a tensor given as JSON ``data`` (nested or flat, row-major). `count`: the shape's element
+    count, checked by `element_count`; `booleans`: whether the data may hold JSON booleans, which only a BOOL
+    tensor takes."""
+    if count is None:
+        count = element_count(name, list(shape), MAX_ELEMENTS)
     dtype = FIXED.get(datatype)
     if dtype is not None and dtype.kind == "f":  # the common case, in line
         try:
@@ -250,12 +295,16 @@ def from_json(name: str, datatype: str, shape: Sequence[int], data: Any, text: b
                 pass
         if not finite and not np.isfinite(array).all():
             raise BadRequest(f"input '{name}': 'data' holds a null or a number out of the range of {datatype}")
+        if booleans and holds_bool(data):
+            raise BadRequest(f"input '{name}': 'data' must be numbers for {datatype}, not true or false")
     elif datatype == "BYTES":
         array = _strings_from_json(name, data, text)
     elif datatype == "BF16":
         raise BadRequest(f"input '{name}': BF16 tensors travel only as binary data (parameters.binary_data_size)")
     else:
         array = _numbers_from_json(name, datatype, FIXED[datatype], data)
+        if booleans and datatype != "BOOL" and holds_bool(data):
+            raise BadRequest(f"input '{name}': 'data' must be integers for {datatype}, not true or false")
     if array.size != count:
         raise BadRequest(f"input '{name}': shape {list(shape)} has {count} elements, but 'data' has {array.size}")
     return array.reshape(shape)
@@ -305,10 +354,19 @@ def _strings_from_json(name: str, data: Any, text: bool) -> np.ndarray:
 
 
 def from_binary(
-    name: str, datatype: str, shape: Sequence[int], body: bytes, offset: int, size: int, text: bool
+    name: str,
+    datatype: str,
+    shape: Sequence[int],
+    body: bytes,
+    offset: int,
+    size: int,
+    text: bool,
+    count: int | None = None,
 ) -> np.ndarray:
-    """The array of a tensor sent as binary data: ``body[offset:offset + size]``, viewed, not copied."""
-    count = math.prod(shape)
+    """The array of a tensor sent as binary data: ``body[offset:offset + size]``, viewed, not copied. `count`:
+    the shape's element count, checked by `element_count`."""
+    if count is None:
+        count = element_count(name, list(shape), len(body))
     if datatype == "BYTES":
         return _strings_from_binary(name, body, offset, size, count, text).reshape(shape)
     dtype = bfloat16() if datatype == "BF16" else FIXED[datatype]
@@ -581,7 +639,7 @@ class Signature:
         The same value as theirs (a test compares them), at about half their cost: on a small model the two
         were a tenth of a request's time."""
         expected = self._fast
-        if expected is None:
+        if expected is None or b"true" in body or b"false" in body:  # booleans: `decode_request` refuses them
             return None
         try:
             header = orjson.loads(body)

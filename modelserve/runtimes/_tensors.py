@@ -72,6 +72,25 @@ class _Unusable(Exception):
     """A value that cannot become the input's dtype; the message says why."""
 
 
+def holds_bool(data: Any) -> bool:
+    """Whether decoded JSON `data` holds a true or a false: numpy reads them as 1 and 0, and a numeric input
+    takes numbers only. `data` is nested lists that numpy has already found regular (every item of a list is a
+    list, or none is), so each level is looked at through its first item."""
+    if type(data) is not list:
+        return type(data) is bool
+    rows = [data]
+    while rows:
+        items = rows.pop()
+        if items and type(items[0]) is list:
+            rows.extend(items)
+        elif bool in map(type, items):  # the types compared in C: a fraction of numpy's conversion of the items
+            return True
+    return False
+
+
+_BOOLEANS = "holds true or false, which is not a number"
+
+
 # ------------------------------------------------------------------------------------------------
 # One function per dtype kind: value -> array of exactly `dtype`, or _Unusable.
 
@@ -89,6 +108,8 @@ def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
             array = np.asarray(value, dtype=dtype)
         except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:
             raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+        if holds_bool(value):
+            raise _Unusable(_BOOLEANS)
         # JSON has no NaN or infinity: one here came from a null, or a number too large for the dtype. For
         # float32 and float64 the dot product of the array with itself (one BLAS call) is finite when every
         # element is, and takes a fraction of ``np.isfinite(array).all()`` (two ufunc calls, microseconds even
@@ -128,6 +149,8 @@ def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
             raise _too_large_int(value, info.min, info.max, out_of_range) from None
         except (ValueError, TypeError) as exc:
             raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+        if raw is not value and holds_bool(value):
+            raise _Unusable(_BOOLEANS)
         if raw.dtype == dtype:  # the fast path: JSON integers parsed straight into the input's dtype
             return raw
         kind = raw.dtype.kind
