@@ -19,8 +19,10 @@ import glob
 import os
 import re
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
@@ -322,6 +324,10 @@ class ApiMetrics:
         self._latency = _Histogram(self.latency)
         self._batch_size: _Histogram | None = None
         self._batch_wait: _Histogram | None = None
+        #: For V2's statistics extension: when the last answer below 400 was sent (``time.time()``, 0: none yet),
+        #: and the seconds the answers of 400 and above took (the rest of the latency sum is the successes').
+        self.last_success = 0.0
+        self.failed_seconds = 0.0
         metrics._apis.append(self)
 
     # the request path
@@ -334,6 +340,10 @@ class ApiMetrics:
             counts = self._new_code_counts()
         counts[code] = counts.get(code, 0) + 1
         self._latency.observe(seconds)
+        if code < 400:
+            self.last_success = time.time()
+        else:
+            self.failed_seconds += seconds
 
     def stage_timer(self, name: str, seconds: float) -> None:
         """Stage `name` took `seconds` (called from worker threads too)."""
@@ -369,6 +379,25 @@ class ApiMetrics:
 
     # ---------------------------------------------------------------------------------------------
 
+    def totals(self) -> ApiTotals:
+        """What this process has counted for the API so far (read by V2's statistics extension)."""
+        with self._lock:
+            codes: dict[int, int] = {}
+            for counts, _ in self._code_counts:
+                for code, count in list(counts.items()):
+                    codes[code] = codes.get(code, 0) + count
+            stages = dict(self._stages)
+            batches = self._batch_size
+        return ApiTotals(
+            codes,
+            self._latency.totals()[1],
+            self.failed_seconds,
+            self.last_success,
+            {name: histogram.totals() for name, histogram in stages.items()},
+            None if batches is None else batches.totals()[0],
+            None if self._batch_wait is None else self._batch_wait.totals(),
+        )
+
     def flush(self) -> None:
         """Add what was counted since the last flush to the prometheus children (safe from any thread)."""
         with self._lock:
@@ -402,6 +431,21 @@ class ApiMetrics:
         if child is None:
             child = self._codes[code] = self._metrics.requests.labels(self.api, str(code))
         return child
+
+
+@dataclass(frozen=True)
+class ApiTotals:
+    """An API's counts in this process: answers by status code, their seconds (all, and those of codes >= 400),
+    the last success's ``time.time()`` (0: none), stage (count, seconds) by stage name, batched calls and the
+    (count, seconds) of batch waits (None without batching)."""
+
+    codes: dict[int, int]
+    seconds: float
+    failed_seconds: float
+    last_success: float
+    stages: dict[str, tuple[int, float]]
+    batches: int | None
+    batch_wait: tuple[int, float] | None
 
 
 class _Histogram:
@@ -439,6 +483,19 @@ class _Histogram:
             self._tallies.append((tally, [0.0] * len(tally)))
         self._local.tally = tally
         return tally
+
+    def totals(self) -> tuple[int, float]:
+        """(count, sum) of every observation so far, flushed or not."""
+        if self._direct:
+            samples = {sample.name.rpartition("_")[2]: sample.value for sample in self.child.collect()[0].samples}
+            return int(samples.get("count", 0)), float(samples.get("sum", 0.0))
+        count, total = 0, 0.0
+        with self._lock:
+            for tally, _ in self._tallies:
+                now = tally[:]
+                total += now[0]
+                count += int(sum(now[1:]))
+        return count, total
 
     def flush(self) -> None:
         if self._direct:

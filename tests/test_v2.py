@@ -230,11 +230,16 @@ def test_metadata_of_tensorflow_and_of_model_classes(client: Any) -> None:
     assert doubler["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 3]}]
 
 
-def test_unknown_model_and_version_are_404(client: Any) -> None:
+def test_unknown_model_is_400_and_unknown_version_404_in_tritons_words(client: Any) -> None:
     x = infer_input("input", np.zeros((1, 4), np.float32), True)
-    assert status_of(lambda: client.infer("nope", [x]))[0] == "404"
-    assert status_of(lambda: client.infer("iris", [x], model_version="2"))[0] == "404"
-    assert status_of(lambda: client.get_model_metadata("nope"))[0] == "404"
+    unknown = ("400", "Request for unknown model: 'nope' is not found")
+    assert status_of(lambda: client.infer("nope", [x])) == unknown
+    assert status_of(lambda: client.get_model_metadata("nope")) == unknown
+    assert status_of(lambda: client.get_inference_statistics("nope")) == unknown
+    assert status_of(lambda: client.infer("iris", [x], model_version="2")) == (
+        "404",
+        "Request for unknown model: 'iris' version 2 is not found",
+    )
     assert not client.is_model_ready("nope")
 
 

@@ -5,7 +5,9 @@ A `Route` maps explicit methods to raw ASGI handlers: ``GET`` describes or reads
 never run, submit or cancel anything. Any other method is a JSON 405 with an ``Allow`` header, an unknown
 path a JSON 404, both through the error map.
 
-`RouteTable` dispatches by exact path (a dict lookup), plus one trailing path parameter (``/<api>/{job_id}``).
+`RouteTable` dispatches by exact path (a dict lookup), plus one trailing path parameter (``/<api>/{job_id}``),
+and last a trailing ``{name:path}`` parameter that takes the rest of a path (``/v2/models/{rest:path}``, which
+answers V2's unknown models), tried only when nothing else matched.
 The app calls it directly while no middleware was added; with middleware it sits behind Starlette's router
 as a single `TableRoute`, so both ways dispatch from the same table and cannot disagree.
 """
@@ -49,10 +51,18 @@ class Route:
 
     @property
     def parameter(self) -> tuple[str, str] | None:
-        """(prefix, name) of a route ending with a parameter, else None."""
+        """(prefix, name) of a route ending with a parameter, else None (a ``{name:path}`` one included)."""
         prefix, sep, last = self.path.rpartition("/")
         if last.startswith("{") and last.endswith("}"):
             return prefix + sep, last[1:-1]
+        return None
+
+    @property
+    def rest(self) -> tuple[str, str] | None:
+        """(prefix, name) of a route ending with ``{name:path}``, which takes the rest of a path, else None."""
+        parameter = self.parameter
+        if parameter is not None and parameter[1].endswith(":path"):
+            return parameter[0], parameter[1][: -len(":path")]
         return None
 
 
@@ -63,11 +73,17 @@ class RouteTable:
         self.routes = list(routes)
         self.exact: dict[str, Route] = {}
         self.prefixed: dict[str, tuple[Route, str]] = {}
+        self.rests: dict[str, tuple[Route, str]] = {}
         for route in self.routes:
             parameter = route.parameter
+            rest = route.rest
             if route.path in self.exact or (parameter is not None and parameter[0] in self.prefixed):
                 raise ValueError(f"two routes for {route.path!r}")
-            if parameter is None:
+            if rest is not None:
+                if rest[0] in self.rests:
+                    raise ValueError(f"two routes for {route.path!r}")
+                self.rests[rest[0]] = (route, rest[1])
+            elif parameter is None:
                 self.exact[route.path] = route
             else:
                 self.prefixed[parameter[0]] = (route, parameter[1])
@@ -78,9 +94,12 @@ class RouteTable:
             return route, {}
         prefix, sep, last = path.rpartition("/")
         found = self.prefixed.get(prefix + sep) if last else None
-        if found is None:
-            return None
-        return found[0], {found[1]: last}
+        if found is not None:
+            return found[0], {found[1]: last}
+        for start, (route, name) in self.rests.items():
+            if path.startswith(start) and len(path) > len(start):
+                return route, {name: path[len(start) :]}
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]

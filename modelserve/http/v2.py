@@ -9,6 +9,8 @@ over `Api.call`.
     GET  /v2/models/<api>[/versions/1]                    the model's metadata (platform, inputs, outputs)
     GET  /v2/models/<api>[/versions/1]/ready              {"name": ..., "ready": true}, or 503
     POST /v2/models/<api>[/versions/1]/infer              an inference, JSON or with binary tensors
+    GET  /v2/models[/<api>[/versions/1]]/stats            the statistics extension (Triton's JSON)
+    *    /v2/models/<anything else>                       Triton's "Request for unknown model: ..." (400)
 
 The paths are exact routes of the one route table, one set per API (the names are known at startup). The body
 is parsed by route, not by Content-Type (tritonclient's sync client sends none); the tensors are decoded by
@@ -36,7 +38,15 @@ from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, DECODE_INLINE_MAX, JSON_TYPE
 from modelserve.context import RequestContext, current, new_request_id, sane_request_id
-from modelserve.errors import BadRequest, ConfigError, LoadError, PayloadTooLarge, ServiceUnavailable, UserCodeError
+from modelserve.errors import (
+    BadRequest,
+    ConfigError,
+    LoadError,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    UserCodeError,
+)
 from modelserve.http._asgi import (
     ARRIVED,
     Disconnected,
@@ -59,7 +69,11 @@ logger = logging.getLogger("modelserve")
 #: The platform a model file's metadata names, by format.
 PLATFORMS = {"onnx": "onnx_onnxv1", "tensorflow": "tensorflow_savedmodel"}
 #: The protocol's extensions modelserve implements (``GET /v2``).
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "statistics"]
+#: The stages whose times Triton's statistics call compute_input and compute_output; any other stage of a call
+#: (predict, run, a handler's method) is compute_infer.
+_INPUT_STAGES = ("preprocess", "pre_inference")
+_OUTPUT_STAGES = ("postprocess", "post_inference")
 
 
 def _headers(scope: Scope) -> tuple[str | None, str | None, str | None, str | None]:
@@ -100,9 +114,18 @@ def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:
     return data
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only, at most 18 (``str.isdigit`` takes '²' and every script's digits, which `int` refuses
+    or reads; 18 digits are beyond any body)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def _header_length(text: str) -> int:
-    if not text.strip().isdigit():
-        raise BadRequest(f"Inference-Header-Content-Length must be a number of bytes, got {text!r}")
+    text = text.strip()
+    if not _digits(text):
+        raise BadRequest(
+            f"Inference-Header-Content-Length must be a number of bytes in ASCII digits, got {text[:40]!r}"
+        )
     return int(text)
 
 
@@ -148,6 +171,9 @@ class V2Model:
         not_ready.extra = {"name": self.name, "ready": False}
         await send_error(send, not_ready, request_id)
 
+    async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"model_stats": [statistics(self.api)]}, sane_request_id(_headers(scope)[0]))
+
     async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         header_id, content_length, header_length, encoding = _headers(scope)
@@ -159,7 +185,7 @@ class V2Model:
             # Admission before work, as on the native route: a request that will be refused is refused unread.
             limit = api.config.max_body_size
             check_length(limit, content_length)
-            size = int(content_length) if content_length is not None and content_length.isdigit() else 0
+            size = int(content_length) if content_length is not None and _digits(content_length) else 0
             api.admit(size)
             try:
                 signature = self._signature or self.signature()
@@ -251,6 +277,50 @@ class _NotATensor(TypeError):
     """A result the V2 protocol cannot carry."""
 
 
+def _duration(count: int, seconds: float) -> dict[str, int]:
+    return {"count": count, "ns": max(0, round(seconds * 1e9))}
+
+
+def statistics(api: Api) -> dict[str, Any]:
+    """One API's entry of the statistics extension, in Triton's shape, from what this process has counted.
+
+    success and fail: the answers below 400 and from 400 up (native and V2 alike), with the seconds from each
+    request's arrival to its answer; queue: the waits for a batch (batched APIs; the wait for a concurrency
+    slot is not measured); compute_input, compute_infer, compute_output: the stages' times. Every request is
+    one inference; an execution is one call of the model (one batch, when batched)."""
+    totals = api.metrics.totals()
+    succeeded = sum(count for code, count in totals.codes.items() if code < 400)
+    failed = sum(count for code, count in totals.codes.items() if code >= 400)
+    compute = {"compute_input": [0, 0.0], "compute_infer": [0, 0.0], "compute_output": [0, 0.0]}
+    for stage, (count, seconds) in totals.stages.items():
+        if stage != "job":
+            key = "compute_infer"
+            if stage in _INPUT_STAGES:
+                key = "compute_input"
+            elif stage in _OUTPUT_STAGES:
+                key = "compute_output"
+            compute[key][0] += count
+            compute[key][1] += seconds
+    queue = totals.batch_wait or (0, 0.0)
+    return {
+        "name": api.name,
+        "version": "1",
+        "last_inference": round(totals.last_success * 1000),
+        "inference_count": succeeded,
+        "execution_count": totals.batches if totals.batches is not None else compute["compute_infer"][0],
+        "inference_stats": {
+            "success": _duration(succeeded, totals.seconds - totals.failed_seconds),
+            "fail": _duration(failed, totals.failed_seconds),
+            "queue": _duration(*queue),
+            **{key: _duration(int(count), seconds) for key, (count, seconds) in compute.items()},
+            "cache_hit": _duration(0, 0.0),
+            "cache_miss": _duration(0, 0.0),
+        },
+        "batch_stats": [],
+        "memory_usage": [],
+    }
+
+
 def _declared_by_class(api: Api) -> tuple[Any, Any]:
     """A Model class's ``v2_inputs`` and ``v2_outputs`` (None when it declares none)."""
     cls = getattr(api.backend, "cls", None)
@@ -268,6 +338,26 @@ class V2Server:
 
     def __init__(self, server: ModelServer) -> None:
         self.server = server
+        #: The APIs V2 serves, by name.
+        self.apis = {name: api for name, api in server.apis.items() if api.config.kind == "realtime"}
+
+    async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = {"model_stats": [statistics(api) for api in self.apis.values()]}
+        await send_json(send, 200, answer, sane_request_id(_headers(scope)[0]))
+
+    async def unknown(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Any other path under ``/v2/models/``: Triton's words for a model it does not serve (a 400, as Triton's
+        model repository answers INVALID_ARG), or for a version or route of one it does (404)."""
+        name, _, tail = scope["path_params"]["rest"].partition("/")
+        error: Exception
+        if name not in self.apis:
+            error = BadRequest(f"Request for unknown model: '{name}' is not found")
+        elif tail.startswith("versions/") and tail.split("/")[1] != "1":
+            version = tail.split("/")[1]
+            error = NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
+        else:
+            error = NotFound(f"no V2 route at {scope['path']}; the model '{name}' has metadata, ready, infer and stats")
+        await send_error(send, error, sane_request_id(_headers(scope)[0]))
 
     async def live(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"live": True}, sane_request_id(_headers(scope)[0]))
@@ -302,14 +392,18 @@ def v2_routes(server: ModelServer) -> list[Route]:
         Route("/v2/health/live", {"GET": own.live}),
         Route("/v2/health/ready", {"GET": own.ready}),
     ]
-    for api in server.apis.values():
-        if api.config.kind != "realtime":
-            continue
+    if "stats" in own.apis:
+        logger.warning("an API named 'stats' hides V2's statistics of every model (GET /v2/models/stats)")
+    else:
+        table.append(Route("/v2/models/stats", {"GET": own.stats}))
+    for api in own.apis.values():
         model = V2Model(api)
         for base in (f"/v2/models/{api.name}", f"/v2/models/{api.name}/versions/1"):
             table += [
                 Route(base, {"GET": model.metadata}),
                 Route(f"{base}/ready", {"GET": model.ready}),
                 Route(f"{base}/infer", {"POST": model.infer}),
+                Route(f"{base}/stats", {"GET": model.stats}),
             ]
+    table.append(Route("/v2/models/{rest:path}", {"GET": own.unknown, "POST": own.unknown}))
     return table
