@@ -17,7 +17,8 @@ backend (`BODIES`):
 * Cortex handlers: any JSON value.
 
 Each operation lists the statuses its route can answer with the one error body (``Error``); the V2 routes
-are left to the Open Inference Protocol's own specification. Usage::
+are left to the Open Inference Protocol's own specification. HEAD, which the server answers wherever it
+answers GET, is left out, as FastAPI leaves it (Swagger UI would list every GET twice). Usage::
 
     document = openapi.document(server, table.routes)             # the whole server
     document = openapi.document(server, table.routes, api="iris")  # one API
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelserve.schema import TypedValue
+from modelserve.schema import MAX_ERRORS, TypedValue
 
 if TYPE_CHECKING:
     from modelserve.api import Api
@@ -51,7 +52,17 @@ BASE_SCHEMAS: dict[str, Any] = {
         "properties": {
             "error": {"type": "string"},
             "request_id": {"type": "string"},
-            "detail": {"type": "array", "items": {"$ref": "#/components/schemas/ValidationIssue"}},
+            "detail": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/ValidationIssue"},
+                "maxItems": MAX_ERRORS,
+                "description": f"The first fields (at most {MAX_ERRORS}) of a body that does not fit the input type.",
+            },
+            "error_count": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "How many fields do not fit (a lower bound for a large body, as its error says).",
+            },
         },
         "required": ["error", "request_id"],
     },
@@ -325,7 +336,7 @@ def _describe_get(builder: _Builder, api: Api, verb: str) -> dict[str, Operation
         "tags": [api.name],
         "responses": {"200": answer, **_statuses(builder, api)},
     }
-    return {"get": get, "head": _head(get)}
+    return {"get": get}
 
 
 def _realtime(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
@@ -383,15 +394,7 @@ def _job(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
         "parameters": [parameter],
         "responses": {"200": job, **_statuses(builder, api, 404, 409, 500, 503)},
     }
-    return {"get": get, "head": _head(get), "delete": delete}
-
-
-def _head(get: Operation) -> Operation:
-    """HEAD answers like GET (the same handler, the same status and headers), without a body."""
-    responses = {code: {k: v for k, v in answer.items() if k != "content"} for code, answer in get["responses"].items()}
-    head = {**get, "operationId": "head_" + get["operationId"], "responses": responses}
-    head.pop("requestBody", None)
-    return head
+    return {"get": get, "delete": delete}
 
 
 def _server(
@@ -406,7 +409,7 @@ def _server(
         "tags": ["server"],
         "responses": {"200": _ok(content), **{str(code): _error(code) for code in sorted(statuses)}},
     }
-    return {"get": get, "head": _head(get)}
+    return {"get": get}
 
 
 def _healthz(builder: _Builder, endpoint: Any) -> dict[str, Operation]:

@@ -234,8 +234,8 @@ def test_a_project_with_each_kind_of_api(kinds: Path) -> None:
     assert hooks["responses"]["200"]["content"]["application/json"]["schema"] == {"type": "string"}
 
     # An async API: submit, poll, cancel, and the job document.
-    assert set(paths["/words"]) == {"post", "get", "head"}
-    assert set(paths["/words/{job_id}"]) == {"get", "head", "delete"}
+    assert set(paths["/words"]) == {"post", "get"}
+    assert set(paths["/words/{job_id}"]) == {"get", "delete"}
     poll = paths["/words/{job_id}"]["get"]["responses"]
     assert poll["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Job"}
     assert "404" in poll and "409" in paths["/words/{job_id}"]["delete"]["responses"]
@@ -247,18 +247,33 @@ def test_a_project_with_each_kind_of_api(kinds: Path) -> None:
         "cancelled",
     ]
 
-    # Statuses, with Retry-After on 503; the server's own routes; HEAD wherever GET is.
+    # Statuses, with Retry-After on 503; the server's own routes; HEAD left out (served, not listed).
     responses = typed["responses"]
     assert set(responses) == {"200", "400", "413", "500", "503"}
     assert "Retry-After" in responses["503"]["headers"]
     for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/openapi/{api}.json", "/docs"):
-        assert "get" in paths[path] and "head" in paths[path], path
+        assert "get" in paths[path], path
+    assert not [(path, verb) for path, item in paths.items() for verb in item if verb == "head"]
     assert "/" not in paths  # the lone-API alias exists only with one API
     assert whole["paths"]["/openapi/{api}.json"]["get"]["parameters"][0]["schema"]["enum"] == sorted(apis)
 
     # One API's document holds only its own routes.
     assert set(apis["words"]["paths"]) == {"/words", "/words/{job_id}"}
     assert set(apis["typed"]["paths"]) == {"/typed"}
+
+
+def test_head_is_served_but_not_listed(kinds: Path) -> None:
+    async def run() -> tuple[dict[str, Any], list[httpx.Response]]:
+        app = create_app(kinds)
+        await app.server.wait_loaded()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+            document = (await client.get("/openapi.json")).json()
+            return document, [await client.head(path) for path in ("/healthz", "/openapi.json", "/words")]
+
+    document, heads = asyncio.run(run())
+    assert all(set(item) <= {"get", "post", "delete"} for item in document["paths"].values())
+    assert [head.status_code for head in heads] == [200, 200, 200]
+    assert all(head.content == b"" for head in heads)
 
 
 @pytest.mark.parametrize("name", ["openapi.json", "openapi", "docs"])
