@@ -2,7 +2,15 @@
 
 User code is imported and validated when the server is built (a bad signature or a missing file is an
 error before anything is served); constructing and loading (``__init__`` and ``load()``) start with
-`start`, on the running event loop, and the APIs answer 503 until they are done.
+`start`, on the running event loop, and each API answers 503 until it is done.
+
+The APIs load concurrently, each in a task of its own (their sync constructors and ``load()`` run in worker
+threads, an async ``load()`` on the loop): an API that loads in a moment serves while a slow one still
+loads. What loading shares stays as it was: the working directory is the project folder of every API
+(`modelserve.project.prepare_environment` moved there once, before any user code), and each API's
+environment variables and ``sys.path`` folders were applied when its code was imported, one API after the
+other, before any load begins. Each API logs one line when it starts loading and one when it is ready (or
+an ERROR line naming it when it fails), with the time taken.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Callable
 
 from modelserve.api import Api
@@ -83,17 +92,38 @@ class ModelServer:
             self.metrics.start()
 
     async def _load_all(self) -> None:
+        # gather: cancelling loading (close()) cancels every API's load.
+        loaded = await asyncio.gather(*(self._load(api) for api in self.apis.values()))
+        if not all(loaded):
+            return
         try:
-            for api in self.apis.values():
-                await api.load()
             if self.jobs is not None:
                 await self.jobs.start()
-            if self.tune_collector_after_load:
-                tune_collector()
         except LoadError as exc:
             logger.error("%s", exc)
-            if self.on_load_error is not None:
-                self.on_load_error(exc)
+            self._failed(exc)
+            return
+        if self.tune_collector_after_load:
+            tune_collector()
+
+    async def _load(self, api: Api) -> bool:
+        """Load one API, with its log lines; False when it failed (told to `on_load_error` at once)."""
+        logger.info("api '%s' is loading (%s)", api.name, api.backend.kind)
+        started = time.perf_counter()
+        try:
+            await api.load()  # logs "api '...' is ready (loaded in ... s)"
+        except LoadError as exc:
+            seconds = time.perf_counter() - started
+            message = str(exc).removeprefix(f"api '{api.name}': ")
+            logger.error("api '%s' failed to load after %.2f s: %s", api.name, seconds, message)
+            self._failed(exc)
+            return False
+        return True
+
+    def _failed(self, exc: LoadError) -> None:
+        """Tell the owner (the CLI stops serving; ``--reload`` keeps answering 503 until the next change)."""
+        if self.on_load_error is not None:
+            self.on_load_error(exc)
 
     async def wait_loaded(self) -> None:
         """Wait until loading has ended (successfully or not)."""
