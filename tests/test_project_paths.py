@@ -171,3 +171,51 @@ def test_the_converter_names_the_value_and_the_range(dtype: str, value: Any, sho
     info = np.iinfo(dtype)
     with pytest.raises(_Unusable, match=rf"holds {re.escape(shown)}, .*{info.min} to {info.max}"):
         converter_for(np.dtype(dtype))(value)
+
+
+# ------------------------------------------------------------------------------------------------
+# create_app that fails leaves the caller in its own folder (issue #28)
+
+
+@pytest.fixture
+def back_home() -> Any:
+    """Put the working directory back after the test, whatever create_app did."""
+    import modelserve.project
+
+    before, moved = os.getcwd(), modelserve.project._moved
+    yield
+    os.chdir(before)
+    modelserve.project._moved = moved
+
+
+@pytest.mark.parametrize(
+    "source", ["class Model:\n    def predict(self, inputs)\n", "raise ImportError('no torch')\n", "x = 1\n"]
+)
+def test_create_app_that_fails_restores_the_working_directory(tmp_path: Path, back_home: None, source: str) -> None:
+    import modelserve
+    from modelserve.errors import LoadError
+
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    write_project(caller / "broken", {"model.py": source})
+    os.chdir(caller)
+    with pytest.raises(LoadError):
+        modelserve.create_app("broken")
+    assert os.getcwd() == str(caller)
+
+
+def test_after_a_failed_create_app_relative_paths_are_the_programs(tmp_path: Path, back_home: None) -> None:
+    import modelserve
+    from modelserve.errors import LoadError
+
+    caller = tmp_path / "caller"
+    write_project(caller / "good", {"model.py": MODEL})
+    write_project(caller / "broken", {"model.py": "raise ValueError('bad')\n"})
+    os.chdir(caller)
+    first = modelserve.create_app("good")  # moves into good/, as a served project does
+    assert os.getcwd() == str(caller / "good")
+    with pytest.raises(LoadError):
+        modelserve.create_app("broken")  # relative to the program's folder, not good/
+    assert os.getcwd() == str(caller / "good")
+    again = modelserve.create_app("good")  # still relative to the program's folder
+    assert again.server.project.root == first.server.project.root == caller / "good"

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from modelserve import project as project_module
 from modelserve.codecs import JSON_TYPE
 from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
 from modelserve.errors import ConfigError, ServiceUnavailable
@@ -222,25 +223,41 @@ def create_app(
 
     `base_url` is the URL the server is reached at (with the mount prefix); user code reads it as
     ``MODELSERVE_URL`` to call the other APIs of the same server. Raises `ConfigError` for a bad project
-    folder and `LoadError` for user code that cannot be imported or has invalid signatures.
+    folder and `LoadError` for user code that cannot be imported or has invalid signatures; either way the
+    working directory is the caller's again.
     """
     if (project_dir is None) == (handler is None):
         raise ConfigError("create_app needs a project folder or a handler class (one of the two)")
-    if project_dir is not None:
-        project = load_project_config(caller_dir() / os.fspath(project_dir))
-        prepare_environment(project.root, base_url)
-    else:
-        if base_url is not None:
-            os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
-        api = ApiConfig(name=name, handler=HandlerConfig(config=config or {}, obj=handler))
-        for key, value in api_options.items():
-            if not hasattr(api, key) or key in ("name", "handler"):
-                raise ConfigError(f"create_app: unknown API option {key!r}")
-            setattr(api, key, value)
-        project = ProjectConfig(root=Path.cwd(), apis=[api])
-    if jobs_store is not None:
-        project.jobs.store = jobs_store
-    apply_command_line(project, api_key_env, cors_origins)
-    project.docs = project.docs and docs
-    server = ModelServer(project, on_load_error=on_load_error, workers=workers)
-    return ModelserveApp(server, base_url, host)
+    before, moved = _working_dir(), project_module._moved
+    try:
+        if project_dir is not None:
+            project = load_project_config(caller_dir() / os.fspath(project_dir))
+            prepare_environment(project.root, base_url)
+        else:
+            if base_url is not None:
+                os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
+            api = ApiConfig(name=name, handler=HandlerConfig(config=config or {}, obj=handler))
+            for key, value in api_options.items():
+                if not hasattr(api, key) or key in ("name", "handler"):
+                    raise ConfigError(f"create_app: unknown API option {key!r}")
+                setattr(api, key, value)
+            project = ProjectConfig(root=Path.cwd(), apis=[api])
+        if jobs_store is not None:
+            project.jobs.store = jobs_store
+        apply_command_line(project, api_key_env, cors_origins)
+        project.docs = project.docs and docs
+        server = ModelServer(project, on_load_error=on_load_error, workers=workers)
+        return ModelserveApp(server, base_url, host)
+    except BaseException:
+        # Loading a project moved into its folder: a project that fails leaves the caller where it was.
+        if before is not None and _working_dir() != before:
+            os.chdir(before)
+            project_module._moved = moved  # relative paths stay relative to where the program was
+        raise
+
+
+def _working_dir() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the folder was removed
+        return None
