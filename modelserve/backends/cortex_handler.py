@@ -8,7 +8,8 @@ model_name=None, model_version="latest")`` on the API's models, with the input r
 the class's ``load_model(model_path)``, loaded once at start).
 
 Requests: ``POST /<api>`` calls ``handle_post`` (or ``predict``), passing ``payload``, ``query_params`` and
-``headers`` to the parameters it names; an AsyncAPI's job calls ``handle_async(payload, request_id)``. As in
+``headers`` to the parameters it names (with ``server_side_batching``, lists of them, one item per request, and
+it returns a list); an AsyncAPI's job calls ``handle_async(payload, request_id)`` (``predict`` in 0.31). As in
 Cortex 0.19-0.35, a ``str`` result is sent as text/plain, ``bytes`` as application/octet-stream, a starlette
 Response as it is and anything else as JSON; a ``(result, callback)`` pair runs the callback after the answer
 is sent. ``handle_get``, ``handle_put``, ``handle_patch`` and ``handle_delete`` are not served: modelserve's

@@ -8,7 +8,8 @@ Three layouts of Cortex's API file are read:
   metadata)`` and ``predict(sample, metadata)``. ``kind: deployment`` only names the deployment.
 * Cortex 0.19-0.35: ``kind: RealtimeAPI`` (``SyncAPI`` in 0.19) or ``kind: AsyncAPI`` with a ``predictor:``
   (0.19-0.31) or ``handler:`` (0.32-0.35) block: ``type`` python, tensorflow or onnx, ``path`` to the class,
-  ``config``, and the models of its client (``model_path``, ``models``, ``multi_model_reloading``).
+  ``config``, and the models of its client (``model_path``, ``models``, ``multi_model_reloading``); a python
+  handler's ``server_side_batching`` (0.25-0.35) becomes the API's batching.
 
 Model paths must be local (relative to the project folder, or absolute): an ``s3://`` or ``gs://`` path is a
 `ConfigError` that says to download the model. Keys that only matter to a Cortex cluster (``compute``,
