@@ -80,3 +80,44 @@ def test_tensorflow_outputs_reach_post_inference_as_flat_lists() -> None:
     )
     assert flat == {"class_ids": [0, 2], "probabilities": [0.5, 0.5], "text": ["a", "b"]}
     assert type(flat["class_ids"][0]) is int
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8])
+@pytest.mark.parametrize("value", [False, [1, 2, 3, True], [[1, 2], [False, 4]], [[True, False]]])
+def test_json_booleans_are_not_numbers(dtype: Any, value: Any) -> None:
+    converter = InputConverter([TensorSpec("input", np.dtype(dtype), (None, None))])
+    with pytest.raises(BadRequest, match="input 'input'.*true or false, which is not a number"):
+        converter({"input": value})
+
+
+def test_bool_inputs_take_booleans_and_numeric_ones_take_numbers() -> None:
+    assert InputConverter([TensorSpec("b", np.dtype(np.bool_), (None,))])({"b": [True, False]})["b"].tolist() == [
+        True,
+        False,
+    ]
+    assert convert((None,), [0, 1.5]).tolist() == [0.0, 1.5]
+    rows = np.array([True, False])  # an array a pre_inference hook made is converted as it is
+    assert convert((None,), rows).tolist() == [1.0, 0.0]
+
+
+def test_an_empty_object_names_the_missing_input() -> None:
+    with pytest.raises(BadRequest, match="missing input 'input'"):
+        convert(("batch", 4), {})
+
+
+@pytest.mark.parametrize(
+    ("data", "found"),
+    [
+        ([], False),
+        ([[]], False),
+        ([1, 2.5], False),
+        ([[1], [True]], True),
+        (True, True),
+        (0, False),
+        ([[[0, 1]]], False),
+    ],
+)
+def test_holds_bool(data: Any, found: bool) -> None:
+    from modelserve.runtimes._tensors import holds_bool
+
+    assert holds_bool(data) is found
