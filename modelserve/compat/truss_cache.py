@@ -16,7 +16,7 @@ truss's data folder (the constructor's ``data_dir``; ``/app/data`` on Baseten). 
 ``--link`` makes ``/app/model_cache/<volume_folder>`` (and ``/app/data``) symbolic links to what was filled, so
 that code reading those paths runs unchanged; without it the links to make are printed.
 
-huggingface_hub is an optional dependency: ``pip install "modelserve[truss-cache]"``.
+huggingface_hub is an optional dependency: the ``truss-cache`` extra.
 """
 
 from __future__ import annotations
@@ -32,15 +32,14 @@ from typing import Any
 
 import yaml
 
+from modelserve.errors import install_hint
+
 #: Where Baseten puts model_cache volumes, and the truss's data folder (truss/base/constants.py).
 MODEL_CACHE_PATH = Path("/app/model_cache")
 APP_DATA_PATH = Path("/app/data")
 CACHE_ENV = "MODELSERVE_TRUSS_CACHE"
 COMMAND = "python -m modelserve.compat.truss_cache"
-INSTALL_HINT = (
-    'huggingface_hub is needed to fill a Truss model_cache: pip install "modelserve[truss-cache]" '
-    '(from a clone of modelserve: pip install -e ".[truss-cache]")'
-)
+INSTALL_HINT = f"huggingface_hub is needed to fill a Truss model_cache: {install_hint('truss-cache')}"
 
 
 class CacheError(Exception):
@@ -235,7 +234,7 @@ def hint(root: Path, message: str) -> str | None:
         if str(path) + "/" in message or message.rstrip("'\"").endswith(str(path)):
             return (
                 f"{path} is filled by Baseten's build and start-up, not by modelserve: run `{COMMAND} {root}` "
-                'first (huggingface_hub: pip install "modelserve[truss-cache]"); see docs/compatibility.md'
+                f"first (huggingface_hub: {install_hint('truss-cache')}); see docs/compatibility.md"
             )
     return None
 
