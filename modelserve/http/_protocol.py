@@ -47,12 +47,17 @@ from typing import Any
 
 from modelserve.errors import HeadersTooLarge
 from modelserve.http._asgi import ARRIVED, LOST, REFUSED
+from modelserve.http.guard import host_count, more_than_one_host
 
 #: The limits' defaults, as the CLI shows them.
 MAX_HEADER_SIZE = 32 * 1024
 HEADER_TIMEOUT = 10.0
 BODY_TIMEOUT = 60.0
 REFUSAL_PAUSE = 0.01
+LINGER_TIME = 5.0
+LINGER_SIZE = 64 * 1024 * 1024
+#: At most this many connections of a process linger at once; past it a refused upload's connection is closed.
+MAX_LINGERING = 256
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,99 @@ class TransportLimits:
     body_timeout: float = BODY_TIMEOUT
     #: Seconds after a refusal because the line was full before the connection's next request is read (0: at once).
     refusal_pause: float = REFUSAL_PAUSE
+    #: Seconds a connection closed before its request's body was read goes on reading (and dropping) it.
+    linger_time: float = LINGER_TIME
+    #: Bytes of such a body read and dropped at most (fewer when it declared a smaller Content-Length).
+    linger_size: int = LINGER_SIZE
+
+
+class _Lingering:
+    """The lingering close of refused uploads, for uvicorn's two protocols (mixed in before them).
+
+    Closing a socket with unread bytes in the kernel's buffer sends a reset instead of a FIN, and a reset makes
+    the client's kernel drop what it had received and not yet handed over: a client that writes its whole
+    upload before it reads (most do) never reads the 503 or 413 that refused it. So, as nginx's lingering
+    close: when an answer closes the connection while its request's body is still coming, shut down our side
+    for writing once the answer is sent (the client reads the answer, then the end), then read and drop what
+    comes until the client closes, the declared body has come, `TransportLimits.linger_size` bytes were
+    dropped or `TransportLimits.linger_time` seconds have passed. At most `MAX_LINGERING` connections of a
+    process linger at once; nothing is kept of what is dropped.
+    """
+
+    transport: asyncio.Transport
+    flow: Any
+    loop: asyncio.AbstractEventLoop
+    _unset_keepalive_if_required: Callable[[], None]
+    #: Connections of this process lingering now.
+    lingering_now = 0
+
+    def _linger_setup(self, limits: TransportLimits) -> None:
+        self._linger_time = limits.linger_time
+        self._linger_size = limits.linger_size
+        #: While the connection lingers: the bytes still to drop, and the deadline.
+        self._drop = 0
+        self._lingering: asyncio.TimerHandle | None = None
+
+    def _body_coming(self) -> bool:
+        """Whether the current request's body is still being received."""
+        raise NotImplementedError
+
+    def _request_headers(self) -> list[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    def _linger(self) -> None:
+        """What closing the transport does for an answer given while its request's body was still coming."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if not self._body_coming() or not self._linger_time or _Lingering.lingering_now >= MAX_LINGERING:
+            transport.close()
+            return
+        _Lingering.lingering_now += 1
+        self._drop = self._linger_size
+        for name, value in self._request_headers():
+            if name == b"content-length" and value.isdigit():
+                self._drop = min(self._drop, int(value))  # more than is still to come: part of it came already
+        self._lingering = self.loop.call_later(self._linger_time, self._linger_end)
+        if transport.can_write_eof():  # not under TLS: there the answer's Content-Length says where it ends
+            transport.write_eof()  # once what is buffered (the answer) has been sent
+        self.flow.resume_reading()
+        # uvicorn arms its keep-alive timer once the answer is complete, right after this: ours counts.
+        self.loop.call_soon(self._unset_keepalive_if_required)
+
+    def _dropped(self, data: bytes) -> None:
+        self._drop -= len(data)
+        if self._drop <= 0:
+            self._linger_end()
+
+    def _linger_end(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _linger_lost(self) -> None:
+        """From ``connection_lost``."""
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
+            _Lingering.lingering_now -= 1
+
+
+class _LingerOnClose:
+    """The transport, as the answer to a request whose body is still coming sees it: closing it lingers
+    (`_Lingering`). uvicorn's answers write, ask whether it is closing, and close."""
+
+    __slots__ = ("_protocol", "is_closing", "write")
+
+    def __init__(self, protocol: _Lingering) -> None:
+        self._protocol = protocol
+        self.write = protocol.transport.write
+        self.is_closing = protocol.transport.is_closing
+
+    def close(self) -> None:
+        self._protocol._linger()
+
+    def __getattr__(self, name: str) -> Any:  # whatever else a later uvicorn may use
+        return getattr(self._protocol.transport, name)
 
 
 try:
@@ -78,13 +176,13 @@ except ImportError:  # pragma: no cover - httptools is part of uvicorn[standard]
 def uvicorn_settings(limits: TransportLimits) -> dict[str, Any]:
     """The `uvicorn.Config` keyword arguments that apply `limits`; set ``config.modelserve_limits`` too."""
     if HttpToolsProtocol is None:  # pragma: no cover
-        return {"http": "h11", "h11_max_incomplete_event_size": limits.max_header_size}
+        return {"http": LingeringH11Protocol, "h11_max_incomplete_event_size": limits.max_header_size}
     return {"http": LimitedHttpToolsProtocol, "h11_max_incomplete_event_size": limits.max_header_size}
 
 
 if HttpToolsProtocol is not None:
 
-    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    class LimitedHttpToolsProtocol(_Lingering, HttpToolsProtocol):
         """uvicorn's httptools protocol, with `TransportLimits` (read from ``config.modelserve_limits``)."""
 
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
@@ -105,6 +203,7 @@ if HttpToolsProtocol is not None:
             #: Called when the connection is lost (`subscribe`); once it is, `_gone`.
             self._subscribers: dict[Callable[[], None], None] = {}
             self._gone = False
+            self._linger_setup(limits)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -112,6 +211,7 @@ if HttpToolsProtocol is not None:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._linger_lost()
             if self._resume is not None:
                 self._resume.cancel()
                 self._resume = None
@@ -138,6 +238,9 @@ if HttpToolsProtocol is not None:
                 self._reading = reading = "headers"
             if reading == "headers":
                 self._header_bytes += len(data)  # a rough count (the chunk may hold a body too)
+            elif self._lingering is not None:
+                self._dropped(data)
+                return
             # The base class by name rather than super(): these methods run several times per request.
             HttpToolsProtocol.data_received(self, data)
             if self._reading is None or self.transport.is_closing():
@@ -145,7 +248,14 @@ if HttpToolsProtocol is not None:
             if self._reading == "headers" and self._header_bytes > self._max_header_size:
                 self.transport.close()  # the headers are still coming, and already too large
             elif self._deadline is None:
-                self._arm(self._header_timeout if self._reading == "headers" else self._body_timeout)
+                if self._reading == "headers":
+                    self._arm(self._header_timeout)
+                    return
+                self._arm(self._body_timeout)
+                cycle = self.cycle
+                if cycle is not None and not cycle.response_complete:
+                    # The body is still coming: if the answer closes the connection before it is read, linger.
+                    cycle.transport = _LingerOnClose(self)  # type: ignore[assignment]
 
         # httptools' parser callbacks
 
@@ -164,6 +274,15 @@ if HttpToolsProtocol is not None:
             if self._deadline is not None:
                 self._disarm()
             self.scope[LOST] = self  # type: ignore[literal-required]
+            headers = self.headers
+            if len(dict(headers)) < len(headers) and host_count(headers) > 1:  # a name came twice: Host?
+                # Answered by modelserve's 400 instead of the app: the base class starts the app it reads here.
+                app, self.app = self.app, more_than_one_host
+                try:
+                    HttpToolsProtocol.on_headers_complete(self)
+                finally:
+                    self.app = app
+                return
             HttpToolsProtocol.on_headers_complete(self)
 
         def on_message_complete(self) -> None:
@@ -193,6 +312,17 @@ if HttpToolsProtocol is not None:
             self.flow.resume_reading()
             self.data_received(data)
 
+        def _body_coming(self) -> bool:
+            return self._reading == "body"
+
+        def _request_headers(self) -> list[tuple[bytes, bytes]]:
+            return self.headers
+
+        def _linger(self) -> None:
+            _Lingering._linger(self)
+            if self._lingering is not None:
+                self._disarm()  # the body's deadline: the lingering has its own
+
         def _arm(self, seconds: float) -> None:
             self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire)
 
@@ -205,3 +335,39 @@ if HttpToolsProtocol is not None:
             self._deadline = None
             if not self.transport.is_closing():
                 self.transport.close()
+
+
+try:
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+except ImportError:  # pragma: no cover - h11 is a dependency of uvicorn
+    H11Protocol = None  # type: ignore[assignment, misc]
+
+if H11Protocol is not None:
+
+    class LingeringH11Protocol(_Lingering, H11Protocol):
+        """uvicorn's h11 protocol with the lingering close (`_Lingering`): the fallback without httptools, or
+        for an embedding process to pass as ``uvicorn.Config(http=...)``. No deadlines, no refusal pause."""
+
+        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(config, *args, **kwargs)
+            self._linger_setup(getattr(config, "modelserve_limits", None) or TransportLimits())
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._linger_lost()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._lingering is not None:
+                self._dropped(data)
+                return
+            H11Protocol.data_received(self, data)
+            cycle = self.cycle
+            if cycle is not None and cycle.transport is self.transport and self._body_coming():
+                cycle.transport = _LingerOnClose(self)  # type: ignore[assignment]
+
+        def _body_coming(self) -> bool:
+            return self.conn.their_state is h11.SEND_BODY
+
+        def _request_headers(self) -> list[tuple[bytes, bytes]]:
+            return list(self.cycle.scope["headers"]) if self.cycle is not None else []
