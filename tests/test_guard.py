@@ -1,19 +1,22 @@
 """The Host check against DNS rebinding (`modelserve.http.guard`): on for a loopback bind, configured by
-allowed_hosts, off for 0.0.0.0 and in-process apps; probes exempt; and an app without a guard pays nothing."""
+allowed_hosts, off for 0.0.0.0 and in-process apps; probes exempt; and an app without a guard pays nothing.
+More than one Host header is a 400 everywhere: from the guard, and from the transport where no guard is on."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 import modelserve
 from modelserve.http.guard import Guard, HostCheck, host_name, is_loopback
-from tests.conftest import write_project
+from tests.conftest import read_http_answer, write_project
 
 MODEL = """
 class Model:
@@ -54,6 +57,48 @@ def test_the_probes_answer_any_host(server: Any, path: str) -> None:
     assert httpx.get(server.url + path, headers={"host": "10.1.2.3:8888"}).status_code == 200
 
 
+TWO_HOSTS = "more than one Host header: a request names one host (RFC 9112, section 3.2)"
+
+
+def raw_post(port: int, path: str, headers: str, body: bytes = b"1") -> tuple[bytes, dict[str, Any]]:
+    """POST over a raw socket with `headers` as written (two Host lines are what no client library sends):
+    the answer's head, lowercased, and its JSON body."""
+    request = f"POST {path} HTTP/1.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request.encode() + body)
+        head, _, content = read_http_answer(sock).partition(b"\r\n\r\n")
+    return head.lower(), orjson.loads(content)
+
+
+def assert_two_hosts_refused(port: int, path: str, headers: str) -> None:
+    head, body = raw_post(port, path, headers)
+    assert head.startswith(b"http/1.1 400"), head
+    assert b"\r\ncontent-type: application/json" in head and b"\r\nconnection: close" in head
+    assert body["error"] == TWO_HOSTS
+    assert body["request_id"].encode() in head  # the X-Request-ID header
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["/model", "/healthz"])
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "Host: evil.example\r\nHost: 127.0.0.1\r\n",
+        "Host: 127.0.0.1\r\nHost: evil.example\r\n",
+        "Host: a\r\nHOST: a\r\n",
+    ],
+    ids=["allowed-last", "allowed-first", "the-same-twice"],
+)
+def test_two_host_headers_are_a_400_on_a_loopback_server(server: Any, hosts: str, path: str) -> None:
+    assert_two_hosts_refused(server.port, path, hosts)
+
+
+@pytest.mark.slow
+def test_other_headers_may_come_twice(server: Any) -> None:
+    head, body = raw_post(server.port, "/model", "Host: 127.0.0.1\r\nAccept: */*\r\nAccept: application/json\r\n")
+    assert head.startswith(b"http/1.1 200") and body == 1
+
+
 @pytest.mark.slow
 def test_a_bind_on_every_address_answers_any_host_and_warns(tmp_path: Path, start_server: Any) -> None:
     root = write_project(tmp_path / "project", {"model.py": MODEL})
@@ -62,6 +107,8 @@ def test_a_bind_on_every_address_answers_any_host_and_warns(tmp_path: Path, star
     answer = httpx.post(f"{server.url}/model", json=1, headers={"host": "evil.example"})
     assert answer.status_code == 200
     assert "serving on 0.0.0.0 without API keys" in server.log
+    # No Host check, no guard: two Host headers are still a 400 (said by modelserve's transport).
+    assert_two_hosts_refused(server.port, "/model", "Host: evil.example\r\nHost: api.example.com\r\n")
 
 
 @pytest.mark.slow
@@ -114,6 +161,24 @@ def test_an_app_created_in_process_answers_any_host_unless_told(tmp_path: Path) 
     assert in_process(modelserve.create_app(root, host="127.0.0.1"), "localhost:8000") == 200
     assert in_process(modelserve.create_app(root, host="0.0.0.0"), "testserver") == 200
     assert isinstance(modelserve.create_app(root, host="127.0.0.1")._edge, Guard)
+
+
+@pytest.mark.usefixtures("isolated")
+def test_the_guard_refuses_two_host_headers_under_any_server(tmp_path: Path) -> None:
+    """In process (no modelserve transport), the guard itself answers."""
+    root = write_project(tmp_path / "project", {"model.py": MODEL})
+
+    async def scenario() -> httpx.Response:
+        app = modelserve.create_app(root, host="127.0.0.1")
+        await app.server.wait_loaded()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
+            answer = await client.post("/model", json=1, headers=[("host", "evil.example"), ("host", "localhost")])
+        await app.server.close()
+        return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 400 and answer.json()["error"] == TWO_HOSTS
+    assert answer.headers["connection"] == "close"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,9 @@ project without ``auth``, ``cors`` and a Host check pays nothing). In order:
    Loopback names and the bind address itself are always allowed (a rebinding attack names the attacker's
    domain, never those; user code calls ``MODELSERVE_URL``). The probes are exempt: orchestrators address
    them by the pod's IP. An app created in-process (``create_app`` without ``host``) has no check unless
-   ``allowed_hosts`` says so.
+   ``allowed_hosts`` says so. A request with more than one ``Host`` header is a JSON 400 that closes the
+   connection (RFC 9112, section 3.2: which one would the check read?), probes included; without a guard,
+   modelserve's transport answers it (`more_than_one_host`, `modelserve.http._protocol`).
 2. **CORS preflight** (`modelserve.http.cors`): answered here, before any key is asked for.
 3. **API key** (`modelserve.http.auth`): 401 with ``WWW-Authenticate: Bearer``, counted in
    ``modelserve_auth_failures_total{reason="missing"|"invalid"}``.
@@ -29,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from modelserve.config import ProjectConfig
 from modelserve.context import sane_request_id
 from modelserve.errors import BadRequest
-from modelserve.http._asgi import without_body
+from modelserve.http._asgi import CLOSE, request_headers, without_body
 from modelserve.http.auth import Access, ApiKeys, Refusal, is_probe
 from modelserve.http.cors import Cors
 from modelserve.http.errors import send_error
@@ -66,6 +68,22 @@ def host_name(value: str) -> str | None:
     if not name or (colon and not port.isdigit()):
         return None
     return name
+
+
+def host_count(headers: list[tuple[bytes, bytes]]) -> int:
+    """How many ``Host`` headers a request has (header names are lowercase in a scope)."""
+    return sum(1 for name, _ in headers if name == b"host")
+
+
+def two_hosts() -> BadRequest:
+    """The answer to a request with more than one ``Host`` header; the connection is closed after it."""
+    message = "more than one Host header: a request names one host (RFC 9112, section 3.2)"
+    return BadRequest(message, headers=dict(CLOSE))
+
+
+async def more_than_one_host(scope: Scope, receive: Receive, send: Send) -> None:
+    """An ASGI app that answers `two_hosts` (the transport hands such a request to it instead of the app)."""
+    await send_error(send, two_hosts(), request_headers(scope)[0])
 
 
 class HostCheck:
@@ -148,6 +166,9 @@ class Guard:
         path = scope["path"] if not scope.get("root_path") else route_path(scope)
         if scope["method"] == "HEAD":
             send = without_body(send)
+        if len(headers) < len(scope["headers"]) and host_count(scope["headers"]) > 1:  # a name came twice
+            await send_error(send, two_hosts(), _request_id(headers))
+            return
         if self.hosts is not None and not self.hosts.allows(headers.get(b"host")) and not is_probe(path):
             error = BadRequest("this server does not answer for the Host of this request (see allowed_hosts)")
             await send_error(send, error, _request_id(headers))
