@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from modelserve.errors import BadRequest
-from modelserve.runtimes._tensors import holds_bool
+from modelserve.runtimes._tensors import booleans_in
 
 #: The fixed-size datatypes and their numpy dtypes (little-endian, as the binary extension sends them).
 FIXED: dict[str, np.dtype[Any]] = {
@@ -295,7 +295,7 @@ def from_json(
                 pass
         if not finite and not np.isfinite(array).all():
             raise BadRequest(f"input '{name}': 'data' holds a null or a number out of the range of {datatype}")
-        if booleans and holds_bool(data):
+        if booleans and booleans_in(data, array):
             raise BadRequest(f"input '{name}': 'data' must be numbers for {datatype}, not true or false")
     elif datatype == "BYTES":
         array = _strings_from_json(name, data, text)
@@ -303,7 +303,7 @@ def from_json(
         raise BadRequest(f"input '{name}': BF16 tensors travel only as binary data (parameters.binary_data_size)")
     else:
         array = _numbers_from_json(name, datatype, FIXED[datatype], data)
-        if booleans and datatype != "BOOL" and holds_bool(data):
+        if booleans and datatype != "BOOL" and booleans_in(data, array):
             raise BadRequest(f"input '{name}': 'data' must be integers for {datatype}, not true or false")
     if array.size != count:
         raise BadRequest(f"input '{name}': shape {list(shape)} has {count} elements, but 'data' has {array.size}")

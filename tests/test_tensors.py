@@ -121,3 +121,17 @@ def test_holds_bool(data: Any, found: bool) -> None:
     from modelserve.runtimes._tensors import holds_bool
 
     assert holds_bool(data) is found
+
+
+@pytest.mark.parametrize("size", [4, 300, 5000])
+def test_booleans_are_found_in_large_values_too(size: int) -> None:
+    from modelserve.runtimes._tensors import booleans_in
+
+    values = [[0.5 + i for i in range(size)] for _ in range(2)]
+    assert not booleans_in(values, np.asarray(values, dtype=np.float32))
+    values[1][size // 2] = 1  # a one is a number, not a boolean
+    assert not booleans_in(values, np.asarray(values, dtype=np.float32))
+    values[1][-1] = True
+    assert booleans_in(values, np.asarray(values, dtype=np.float32))
+    with pytest.raises(BadRequest, match="true or false"):
+        convert((None, None), values)

@@ -88,6 +88,21 @@ def holds_bool(data: Any) -> bool:
     return False
 
 
+def booleans_in(value: Any, array: np.ndarray) -> bool:
+    """Whether decoded JSON `value`, which numpy made `array` of, held a true or a false.
+
+    `holds_bool` looks at every item, at about the cost of numpy's conversion of them (measured: 16384 floats,
+    1.5 ms against 1.4 ms on a busy 2-core machine). Above `_LOOK_FIRST` items the array is looked at first, in
+    one vectorised pass: a boolean became a 0 or a 1, so an array with neither held none."""
+    if array.size > _LOOK_FIRST and array.dtype.kind in "biuf":
+        flat = array.reshape(-1)
+        if not ((flat == 0) | (flat == 1)).any():
+            return False
+    return holds_bool(value)
+
+
+#: Items from which `booleans_in` looks at the array before the items (two ufuncs cost more below).
+_LOOK_FIRST = 256
 _BOOLEANS = "holds true or false, which is not a number"
 
 
@@ -108,7 +123,7 @@ def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
             array = np.asarray(value, dtype=dtype)
         except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:
             raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
-        if holds_bool(value):
+        if booleans_in(value, array):
             raise _Unusable(_BOOLEANS)
         # JSON has no NaN or infinity: one here came from a null, or a number too large for the dtype. For
         # float32 and float64 the dot product of the array with itself (one BLAS call) is finite when every
@@ -149,7 +164,7 @@ def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
             raise _too_large_int(value, info.min, info.max, out_of_range) from None
         except (ValueError, TypeError) as exc:
             raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
-        if raw is not value and holds_bool(value):
+        if raw is not value and booleans_in(value, raw):
             raise _Unusable(_BOOLEANS)
         if raw.dtype == dtype:  # the fast path: JSON integers parsed straight into the input's dtype
             return raw
