@@ -1,4 +1,5 @@
-"""Transport limits uvicorn's httptools protocol lacks: a header size limit, and deadlines for the headers and the body.
+"""Transport limits uvicorn's httptools protocol lacks: a header size limit, deadlines for the headers and the body,
+the lingering close of a refused upload, and a 400 for two Host headers.
 
 httptools (llhttp) bounds neither the request line nor the headers, and uvicorn times out only an idle
 keep-alive connection: a client that sends its headers (or its body) a byte a second holds a connection and
@@ -6,8 +7,9 @@ a growing buffer for ever. `LimitedHttpToolsProtocol` is uvicorn's own protocol 
 through the parser callbacks httptools documents (``on_headers_complete``, ``on_message_complete``) and
 asyncio's protocol methods (it reads uvicorn's ``url`` and ``headers`` of the request only to size a header
 block that may be too large, the scope of its current ``cycle`` and its read ``flow`` control only for the
-refusal pause, and adds modelserve's keys to the request's ``scope``); it is passed to uvicorn as
-``Config(http=...)``, which takes a protocol class:
+refusal pause, and adds modelserve's keys to the request's ``scope``; the lingering close replaces the
+``transport`` of a ``cycle`` whose body is still coming, and the Host check the ``app`` it starts); it is passed
+to uvicorn as ``Config(http=...)``, which takes a protocol class:
 
 - request line plus headers over `TransportLimits.max_header_size` bytes: when they are complete, the
   ``on_headers_complete`` callback raises, so the parser fails and uvicorn answers 400 and closes the
@@ -31,9 +33,19 @@ refusal pause, and adds modelserve's keys to the request's ``scope``); it is pas
   long call is not watched by a task waiting on ``receive()``: at a few hundred connections, when most calls
   outlast that, the task was a tenth of a batched request's cost.
 
+- an answer that closes the connection while its request's body is still coming (a 503 or 413 refusing an
+  upload): the connection lingers (`_Lingering`, docs/large-bodies.md): our side is shut down for writing
+  once the answer is sent, and what the client still sends is dropped, for at most `linger_time` seconds and
+  `linger_size` bytes, so that the client reads its answer instead of a reset;
+- a request with more than one ``Host`` header (RFC 9112, section 3.2): answered by
+  `modelserve.http.guard.more_than_one_host` (a JSON 400 that closes the connection) instead of the app, so
+  that a server without a Host check refuses it too. A request in which no header name comes twice pays a
+  ``dict`` of its headers.
+
 A deadline is armed only when a request is still incomplete after the bytes at hand were parsed, so a
-request that arrives whole costs no timer. Without httptools, uvicorn's h11 protocol bounds the headers
-(``h11_max_incomplete_event_size``) but has no deadlines and no refusal pause (`uvicorn_settings`).
+request that arrives whole costs no timer (nor the lingering close its small wrapper). Without httptools,
+`LingeringH11Protocol` (uvicorn's h11 protocol) bounds the headers (``h11_max_incomplete_event_size``) and
+lingers, but has no deadlines, no refusal pause and no Host count of its own (`uvicorn_settings`).
 """
 
 from __future__ import annotations
