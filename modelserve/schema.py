@@ -304,6 +304,15 @@ def is_large(value: Any, limit: int = LARGE_ITEMS) -> bool:
 _FAIL_FAST = frozenset({"list", "tuple", "set", "frozenset", "dict", "deque"})
 #: The core schemas of JSON numbers: validated strictly unless the annotation says ``strict`` itself.
 _NUMBERS = frozenset({"float", "int"})
+#: An int or a whole float, as an int: neither a bool nor a string (a strict int, or a strict float made an int).
+_WHOLE_NUMBER: dict[str, Any] = {
+    "type": "union",
+    "choices": [
+        {"type": "int", "strict": True},
+        {"type": "chain", "steps": [{"type": "float", "strict": True}, {"type": "int"}]},
+    ],
+    "custom_error_type": "int_type",
+}
 #: Keys of a core schema that hold values, not schemas.
 _DATA_KEYS = frozenset({"default", "metadata", "config", "expected", "serialization", "cls", "ref"})
 
@@ -351,6 +360,8 @@ def _rewrite(node: Any, fail_fast: bool, numbers: bool = True) -> Any:
     kind = node.get("type")
     if numbers and kind in _NUMBERS and "strict" not in node:
         copy["strict"] = True
+        if kind == "int":  # JSON Schema's integer is also 1.0: a whole float is taken, as pydantic's lax int does
+            return {"type": "chain", "steps": [_WHOLE_NUMBER, copy]}
     if fail_fast and kind in _FAIL_FAST:
         copy["fail_fast"] = True
     return copy

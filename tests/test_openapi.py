@@ -357,24 +357,47 @@ def run_schemathesis(cwd: Path, url: str, *extra: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.slow
-def test_schemathesis_finds_nothing_on_the_iris_example(start_server: Any, tmp_path: Path) -> None:
-    server = start_server(EXAMPLES / "iris")
-    server.wait_ready()
-    done = run_schemathesis(tmp_path, server.url)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert re.search(r"\d+ generated, \d+ passed\n", done.stdout), done.stdout[-3000:]
-
-
-@pytest.mark.slow
 def test_schemathesis_finds_nothing_on_each_kind_of_api(start_server: Any, kinds: Path, tmp_path: Path) -> None:
-    # negative_data_rejection is left out: pydantic's lax mode (the default, as in FastAPI) takes `true` for a
-    # number, and so does the conversion to a model's float inputs; the iris example is strict and runs it.
+    # negative_data_rejection is left out: the conversion to an ONNX model's float inputs takes `true` for a
+    # number (typed APIs refuse it: modelserve.schema makes numbers strict).
     server = start_server(kinds)
     server.wait_ready()
     done = run_schemathesis(tmp_path, server.url, "--exclude-checks", "negative_data_rejection")
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert re.search(r"\d+ generated, \d+ passed\n", done.stdout), done.stdout[-3000:]
     assert "Traceback" not in server.log
+
+
+def example_copy(example: str, folder: Path) -> Path:
+    """An example's project, copied so that its server writes nothing into the repository (the async example
+    keeps its jobs in the project folder), the streaming example generating without its pauses."""
+    root = folder / example
+    shutil.copytree(EXAMPLES / example, root, ignore=shutil.ignore_patterns(".modelserve", "__pycache__"))
+    if example == "streaming-tokens":
+        config = root / "modelserve.yaml"
+        config.write_text(config.read_text().replace("seconds_per_token: 0.05", "seconds_per_token: 0"))
+    return root
+
+
+def _example(name: str) -> Any:
+    if name == "iris-onnx":  # the {} body reaches the hooks' sample["sepal_length"]: fixed beside, in runtimes
+        return pytest.param(name, marks=pytest.mark.xfail(reason="iris-onnx answers {} with a 500", strict=False))
+    return name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "example", [_example(path.name) for path in sorted(EXAMPLES.iterdir()) if (path / "modelserve.yaml").is_file()]
+)
+def test_schemathesis_finds_nothing_on_every_example(start_server: Any, tmp_path: Path, example: str) -> None:
+    # Every check, negative_data_rejection included: what an example takes is what its document says.
+    server = start_server(example_copy(example, tmp_path), "--no-access-log")
+    server.wait_ready(timeout=120)
+    command = [schemathesis_command(), "run", server.url + "/openapi.json", "--checks", "all"]
+    command += ["--max-examples", "10", "--seed", "1", "--no-color", "--request-timeout", "20"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert re.search(r"\d+ generated, \d+ passed\n", done.stdout), done.stdout[-3000:]
 
 
 @pytest.fixture
