@@ -218,7 +218,7 @@ def test_annotated_types_truss_parses_and_encodes_pydantic_models(pool: Any) -> 
     assert post(server, "/test-annotated-types", {"prompt": "hello"}).json() == {"generated_text": "hello"}
     refused = post(server, "/test-annotated-types", {"text": "hello"})
     assert refused.status_code == 400
-    assert "prompt: Field required" in refused.json()["error"]
+    assert [(issue["loc"], issue["type"]) for issue in refused.json()["detail"]] == [(["prompt"], "missing")]
 
 
 def test_python_version_truss_returns_a_json_string(pool: Any) -> None:
