@@ -212,9 +212,9 @@ def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str
     """The logging setup of the server (ours, the user's and uvicorn's loggers), as a dictConfig.
 
     ``text`` (the default) is for a person at a terminal; ``json`` makes every log line one JSON object
-    (see `modelserve.logs`). Errors and warnings go to stderr, access lines to stdout. In JSON mode
-    modelserve writes the access line of each API request itself (with its duration and request id) and
-    uvicorn's access logger keeps only the other requests; in text mode uvicorn writes them all. The root
+    (see `modelserve.logs`). Errors and warnings go to stderr, access lines to stdout. modelserve writes
+    the access line of every request it answers itself, in both formats (with its duration and request id,
+    `modelserve.http.access`); uvicorn's access logger keeps only what modelserve did not answer. The root
     logger gets `level` too, so that ``logging.info(...)`` in user code is written (with the request id and
     API in both formats); libraries' loggers that nobody configured stay at WARNING
     (`modelserve.logs.LibraryLevelFilter`).
@@ -229,7 +229,7 @@ def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str
         "filters": ["request"],
         "stream": "ext://sys.stderr",
     }
-    own_access = json_mode and access_log
+    own_access = access_log
     return {
         "version": 1,
         "disable_existing_loggers": False,

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, MutableMapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from modelserve import context
 
-#: Name of the logger of the access lines modelserve writes itself (one per API request).
+#: Name of the logger of the access lines modelserve writes itself (one per request).
 ACCESS_LOGGER = "modelserve.access"
+#: True while modelserve sends the start of an answer whose access line it writes itself (`modelserve.http.access`):
+#: uvicorn writes its own line during that send, and `OutsideRequestFilter` leaves it out.
+writing_access_line: ContextVar[bool] = ContextVar("modelserve_writing_access_line", default=False)
 #: Keys of a JSON line that ``extra={...}`` may never set.
 RESERVED_KEYS = frozenset({"asctime", "levelname", "message", "labels", "process"})
 #: A JSON line larger than this is dropped (with a warning line instead).
@@ -48,7 +52,7 @@ if TYPE_CHECKING:
     _Adapter = logging.LoggerAdapter[logging.Logger]
     from starlette.types import Scope
 
-    AccessWriter = Callable[[Scope, int, float, str, str], None]
+    AccessWriter = Callable[[Scope, int, float, str, str | None], None]
 else:
     _Adapter = logging.LoggerAdapter
 
@@ -141,15 +145,16 @@ def _level_set(name: str) -> bool:
 
 
 class OutsideRequestFilter(logging.Filter):
-    """Lets through only records written outside an API request.
+    """Lets through only the records of requests modelserve writes no access line for.
 
-    Put on uvicorn's access logger when modelserve writes its own access lines, so that an API request is
-    logged once (by modelserve, with its duration and request id) and every other request (``/healthz``,
-    ``/metrics``, 404s) still once, by uvicorn.
+    Put on uvicorn's access logger when modelserve writes its own access lines, so that every request is
+    logged once, by modelserve (with its duration and request id): a model call (inside its request
+    context) and every answer of the route table (`modelserve.http.access`). What modelserve does not answer
+    itself (a user's middleware, uvicorn's own 500) keeps uvicorn's line.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return context.current.get() is None
+        return context.current.get() is None and not writing_access_line.get()
 
 
 class TextFormatter(logging.Formatter):
@@ -168,7 +173,8 @@ class TextFormatter(logging.Formatter):
         line = super().formatMessage(record)
         request_id = getattr(record, "request_id", None)
         if request_id:
-            line = f"{line} [api={getattr(record, 'api', '-')} request_id={request_id}]"
+            api = getattr(record, "api", None)
+            line = f"{line} [api={api} request_id={request_id}]" if api else f"{line} [request_id={request_id}]"
         return line
 
     def format(self, record: logging.LogRecord) -> str:
@@ -268,28 +274,33 @@ class JSONAccessFormatter(JSONFormatter):
 
 
 def access_writer() -> AccessWriter | None:
-    """The function the realtime endpoint calls after each answer to write its access line, or None.
+    """The function that writes an access line, or None.
 
     None (and no cost at all per request) unless the ``modelserve.access`` logger is enabled for INFO when
-    the endpoint is created: the CLI enables it with ``--log-format json`` (and not ``--no-access-log``).
-    The line is ``POST /iris 200 1.234 ms`` with the fields method, path, status, duration (seconds),
-    request_id, api and client.
+    the endpoint is created: the CLI enables it unless ``--no-access-log``. The line is
+    ``127.0.0.1:52226 - "POST /iris HTTP/1.1" 200 1.234 ms`` with the fields method, path, status, duration
+    (seconds), request_id, api (when the route is an API's) and client. Model calls call it after each
+    answer; the other routes through `modelserve.http.access`.
     """
     access = logging.getLogger(ACCESS_LOGGER)
     if not access.isEnabledFor(logging.INFO):
         return None
 
-    def write(scope: Scope, status: int, seconds: float, request_id: str, api: str) -> None:
+    def write(scope: Scope, status: int, seconds: float, request_id: str, api: str | None) -> None:
         client = scope.get("client")
+        address = f"{client[0]}:{client[1]}" if client else None
+        method, path = scope["method"], scope["path"]
         fields = {
-            "method": scope["method"],
-            "path": scope["path"],
+            "method": method,
+            "path": path,
             "status": status,
             "duration": round(seconds, 6),
             "request_id": request_id,
             "api": api,
-            "client": f"{client[0]}:{client[1]}" if client else None,
+            "client": address,
         }
-        access.info("%s %s %d %.3f ms", scope["method"], scope["path"], status, seconds * 1000, extra=fields)
+        version = scope.get("http_version", "1.1")
+        line = '%s - "%s %s HTTP/%s" %d %.3f ms'
+        access.info(line, address or "-", method, path, version, status, seconds * 1000, extra=fields)
 
     return write

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +140,9 @@ def test_json_access_lines_one_per_request(start_server: Any, project: Path) -> 
         assert (access["method"], access["path"], access["status"], access["api"]) == ("POST", f"/{api}", status, api)
         assert 0 < access["duration"] < 10
         assert access["client"].startswith("127.0.0.1:")
-    assert not [line for line in lines if line["logger"] == "uvicorn.access" and line["method"] == "POST"]
+    assert not [line for line in lines if line["logger"] == "uvicorn.access"]
     health = [line for line in lines if line.get("path") == "/healthz"]
-    assert health and all(line["logger"] == "uvicorn.access" and line["status"] == 200 for line in health)
+    assert health and all(line["logger"] == "modelserve.access" and line["status"] == 200 for line in health)
 
 
 def test_no_access_log_writes_no_access_line(start_server: Any, project: Path) -> None:
@@ -163,13 +164,73 @@ def test_text_lines_stay_readable(start_server: Any, project: Path) -> None:
     assert all(len(line) <= MAX_LINE_BYTES for line in output.splitlines())
 
 
-def test_configure_logging_turns_modelserve_access_lines_on_only_for_json() -> None:
+def test_configure_logging_turns_modelserve_access_lines_on_in_both_formats() -> None:
     def access_level(fmt: str, access_log: bool) -> str:
         return str(configure_logging("info", fmt, access_log)["loggers"]["modelserve.access"]["level"])
 
     assert access_level("json", True) == "INFO"
+    assert access_level("text", True) == "INFO"
     assert access_level("json", False) == "WARNING"
-    assert access_level("text", True) == "WARNING"
+    assert access_level("text", False) == "WARNING"
+
+
+# Every answer's access line: the model calls' and every other route's, the table's 404 and 405 included.
+ROUTES = [
+    ("GET", "/healthz", None),
+    ("GET", "/readyz", None),
+    ("GET", "/metrics", None),
+    ("GET", "/syncapi", "syncapi"),
+    ("HEAD", "/syncapi", "syncapi"),
+    ("GET", "/openapi.json", None),
+    ("GET", "/docs", None),
+    ("GET", "/v2/models/syncapi", "syncapi"),
+    ("GET", "/v2/health/ready", None),
+    ("GET", "/nowhere", None),
+    ("PUT", "/syncapi", None),
+    ("POST", "/syncapi", "syncapi"),
+    ("POST", "/v2/models/syncapi/infer", "syncapi"),
+]
+
+
+def every_route(
+    start_server: Any, project: Path, *args: str
+) -> tuple[str, list[tuple[str, str, str | None, httpx.Response]]]:
+    """Serve `project`, ask each of `ROUTES` once (the last without an X-Request-ID), stop; the output and
+    (method, path, api, answer) of each request."""
+    server = start_server(project, *args)
+    server.wait_ready()
+    asked = []
+    for number, (method, path, api) in enumerate(ROUTES):
+        headers = {"x-request-id": f"route-{number}"} if number < len(ROUTES) - 1 else {}
+        answer = httpx.request(method, server.url + path, json={} if method == "POST" else None, headers=headers)
+        asked.append((method, path, api, answer))
+    assert server.stop() == 0
+    return server.log, asked
+
+
+def test_every_route_has_a_json_access_line_with_its_request_id_and_duration(start_server: Any, project: Path) -> None:
+    output, asked = every_route(start_server, project, "--log-format", "json")
+    lines = [json.loads(line) for line in output.splitlines() if line]
+    assert not [line for line in lines if line["logger"] == "uvicorn.access"]
+    for method, path, api, answer in asked:
+        request_id = answer.headers["x-request-id"]
+        access = the(lines, logger="modelserve.access", request_id=request_id)
+        assert (access["method"], access["path"], access["status"]) == (method, path, answer.status_code)
+        assert access.get("api") == api
+        assert isinstance(access["duration"], float) and access["duration"] >= 0
+    assert {answer.status_code for _, path, _, answer in asked if path == "/nowhere"} == {404}
+    assert {answer.status_code for method, _, _, answer in asked if method == "PUT"} == {405}
+
+
+def test_every_route_has_a_text_access_line_with_its_request_id_and_duration(start_server: Any, project: Path) -> None:
+    output, asked = every_route(start_server, project)
+    access = [line for line in output.splitlines() if " modelserve.access: " in line]
+    assert not [line for line in output.splitlines() if " uvicorn.access: " in line]
+    for method, path, api, answer in asked:
+        context = f"[api={api} request_id=" if api else "[request_id="
+        (line,) = [line for line in access if line.endswith(f"{context}{answer.headers['x-request-id']}]")]
+        assert f' - "{method} {path} HTTP/1.1" {answer.status_code} ' in line
+        assert re.search(r"\d \d+\.\d{3} ms \[", line), line
 
 
 def format_user_line(formatter: logging.Formatter, *args: Any, **kwargs: Any) -> str:

@@ -29,14 +29,15 @@ from modelserve.codecs import JSON_TYPE
 from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
 from modelserve.errors import ConfigError, ServiceUnavailable
 from modelserve.http._asgi import request_headers, send_body, send_json
+from modelserve.http.access import logged
 from modelserve.http.docs import docs_routes
 from modelserve.http.errors import render, send_error
 from modelserve.http.guard import Guard
 from modelserve.http.jobs import JobsEndpoint
 from modelserve.http.realtime import RealtimeEndpoint
-from modelserve.http.routing import Route, RouteTable, TableRoute
+from modelserve.http.routing import Handler, Route, RouteTable, TableRoute
 from modelserve.http.streaming import quiet_aborts
-from modelserve.http.v2 import v2_routes
+from modelserve.http.v2 import V2Model, v2_routes
 from modelserve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from modelserve.project import caller_dir, prepare_environment
 from modelserve.server import LoadErrorCallback, ModelServer
@@ -94,7 +95,23 @@ def routes(server: ModelServer) -> list[Route]:
         Route("/metrics", {"GET": own.metrics}),
     ]
     table += docs_routes(server, table)  # /openapi.json describes this very table
+    for route in table:  # in place: the docs read this very list
+        route.handlers = {method: _logged(handler) for method, handler in route.handlers.items()}
     return table
+
+
+#: The handlers that write their own access line: the model calls, at the end of the call, from what they hold
+#: (no wrapper on their path). Every other handler of the table is wrapped (`modelserve.http.access`).
+_WRITE_THEIR_OWN_LINE = frozenset(
+    {RealtimeEndpoint.post, JobsEndpoint.submit, JobsEndpoint.show, JobsEndpoint.cancel, V2Model.infer}
+)
+
+
+def _logged(handler: Handler) -> Handler:
+    if getattr(handler, "__func__", None) in _WRITE_THEIR_OWN_LINE:
+        return handler
+    api = getattr(getattr(handler, "__self__", None), "api", None)  # an API's endpoint holds it (as auth reads it)
+    return logged(handler, api.name if api is not None else None)
 
 
 async def _unhandled(request: Request, exc: Exception) -> Response:

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 from modelserve.context import sane_request_id
 from modelserve.errors import MethodNotAllowed, NotFound
 from modelserve.http._asgi import header, without_body
+from modelserve.http.access import answering
 from modelserve.http.errors import send_error
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -87,6 +88,8 @@ class RouteTable:
                 self.exact[route.path] = route
             else:
                 self.prefixed[parameter[0]] = (route, parameter[1])
+        #: The send of an answer the table makes itself (404, 405), which writes its access line.
+        self._answering = answering()
 
     def match(self, path: str) -> tuple[Route, dict[str, str]] | None:
         route = self.exact.get(path)
@@ -111,7 +114,8 @@ class RouteTable:
         if route is None:
             found = self.match(path)
             if found is None:
-                await send_error(_for(method, send), NotFound(f"no API at {path}"), _request_id(scope))
+                unknown = NotFound(f"no API at {path}")
+                await send_error(_for(method, self._answering(scope, send)), unknown, _request_id(scope))
                 return
             route, scope["path_params"] = found
         handler = route.handlers.get(method)
@@ -120,7 +124,7 @@ class RouteTable:
                 await route.handlers["GET"](scope, receive, without_body(send))
                 return
             error = MethodNotAllowed(method, path, route.allowed)
-            await send_error(_for(method, send), error, _request_id(scope))
+            await send_error(_for(method, self._answering(scope, send)), error, _request_id(scope))
             return
         await handler(scope, receive, send)
 
