@@ -23,6 +23,13 @@ REPO = Path(__file__).resolve().parent.parent
 _handed_out: set[int] = set()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that starts a real server process ``server`` (``bash scripts/test --quick`` skips them)."""
+    for item in items:
+        if {"start_server", "start_server_module"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
 def free_port() -> int:
     """A loopback port that is free now and that this test run has not handed out before.
 
