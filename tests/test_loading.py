@@ -85,6 +85,7 @@ def test_a_fast_api_serves_while_a_slow_one_loads(tmp_path: Path, start_server: 
     waiting = readyz(server.url)  # the slow API is still held at its gate: nothing released it yet
     assert waiting.status_code == 503
     assert waiting.json()["apis"] == {"slow": "loading", "fast": "ready"}
+    assert waiting.json()["error"] == "loading: slow"
     refused = httpx.post(server.url + "/slow", json={}, timeout=5)
     assert refused.status_code == 503 and "loading" in refused.json()["error"]
 

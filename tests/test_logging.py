@@ -187,6 +187,7 @@ ROUTES = [
     ("GET", "/v2/health/ready", None),
     ("GET", "/nowhere", None),
     ("PUT", "/syncapi", None),
+    ("GET", "/metrics", None, {"host": "rebinding.example"}),  # refused by the guard's Host check
     ("POST", "/syncapi", "syncapi"),
     ("POST", "/v2/models/syncapi/infer", "syncapi"),
 ]
@@ -200,8 +201,9 @@ def every_route(
     server = start_server(project, *args)
     server.wait_ready()
     asked = []
-    for number, (method, path, api) in enumerate(ROUTES):
+    for number, (method, path, api, *more) in enumerate(ROUTES):
         headers = {"x-request-id": f"route-{number}"} if number < len(ROUTES) - 1 else {}
+        headers.update(*more)
         answer = httpx.request(method, server.url + path, json={} if method == "POST" else None, headers=headers)
         asked.append((method, path, api, answer))
     assert server.stop() == 0
@@ -220,6 +222,7 @@ def test_every_route_has_a_json_access_line_with_its_request_id_and_duration(sta
         assert isinstance(access["duration"], float) and access["duration"] >= 0
     assert {answer.status_code for _, path, _, answer in asked if path == "/nowhere"} == {404}
     assert {answer.status_code for method, _, _, answer in asked if method == "PUT"} == {405}
+    assert 400 in {answer.status_code for _, path, _, answer in asked if path == "/metrics"}
 
 
 def test_every_route_has_a_text_access_line_with_its_request_id_and_duration(start_server: Any, project: Path) -> None:

@@ -53,13 +53,18 @@ class ServerRoutes:
         await send_json(send, 200, {"status": "ok"}, request_headers(scope)[0])
 
     async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """200 once every API is ready, else 503 naming the APIs that failed (or else those still loading);
+        either way ``apis`` gives each API's state: ``loading``, ``ready`` or ``failed``."""
         request_id = request_headers(scope)[0]
         states = {name: api.state for name, api in self.server.apis.items()}
         if self.server.ready:
             await send_json(send, 200, {"status": "ready", "apis": states}, request_id)
             return
         failed = [name for name, state in states.items() if state == "failed"]
-        not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}" if failed else "loading")
+        loading = [name for name, state in states.items() if state == "loading"]
+        not_ready = ServiceUnavailable(
+            f"failed to load: {', '.join(failed)}" if failed else f"loading: {', '.join(loading)}"
+        )
         not_ready.extra = {"apis": states}
         await send_error(send, not_ready, request_id)
 
@@ -70,7 +75,8 @@ class ServerRoutes:
 
 def routes(server: ModelServer) -> list[Route]:
     """The route table of a server: its APIs first (native routes, then V2's, as its ``protocols`` say), then
-    the server's own routes."""
+    the server's own routes. Every handler writes an access line: the model calls their own, the others
+    wrapped here (`modelserve.http.access`)."""
     table: list[Route] = []
     single = len(server.apis) == 1
     native = "native" in server.project.protocols

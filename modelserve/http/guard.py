@@ -32,6 +32,7 @@ from modelserve.config import ProjectConfig
 from modelserve.context import sane_request_id
 from modelserve.errors import BadRequest
 from modelserve.http._asgi import CLOSE, request_headers, without_body
+from modelserve.http.access import answering
 from modelserve.http.auth import Access, ApiKeys, Refusal, is_probe
 from modelserve.http.cors import Cors
 from modelserve.http.errors import send_error
@@ -141,6 +142,8 @@ class Guard:
             self._access = {route.path: keys.access_of(route, route.path) for route in table.routes}
             self._missing = metrics.auth_failures.labels("missing")
             self._invalid = metrics.auth_failures.labels("invalid")
+        #: The send of an answer the guard makes itself (a refusal, a preflight), which writes its access line.
+        self._answering = answering()
 
     @classmethod
     def of(cls, app: ASGIApp, table: RouteTable, project: ProjectConfig, host: str | None, metrics: Metrics) -> ASGIApp:
@@ -167,18 +170,18 @@ class Guard:
         if scope["method"] == "HEAD":
             send = without_body(send)
         if len(headers) < len(scope["headers"]) and host_count(scope["headers"]) > 1:  # a name came twice
-            await send_error(send, two_hosts(), _request_id(headers))
+            await send_error(self._answering(scope, send), two_hosts(), _request_id(headers))
             return
         if self.hosts is not None and not self.hosts.allows(headers.get(b"host")) and not is_probe(path):
             error = BadRequest("this server does not answer for the Host of this request (see allowed_hosts)")
-            await send_error(send, error, _request_id(headers))
+            await send_error(self._answering(scope, send), error, _request_id(headers))
             return
         if self.cors is not None:
             origin = headers.get(b"origin")
             if origin is not None and scope["method"] == "OPTIONS":
                 method = headers.get(b"access-control-request-method")
                 if method is not None:
-                    await self._preflight(send, headers, origin, method)
+                    await self._preflight(self._answering(scope, send), headers, origin, method)
                     return
             send = self.cors.send_for(send, origin)
         if self.keys is not None:
@@ -187,7 +190,7 @@ class Guard:
                 refused = self.keys.check(access, headers.get(b"authorization"), headers.get(b"x-api-key"))
                 if refused is not None:
                     (self._missing if refused is Refusal.MISSING else self._invalid).inc()
-                    await send_error(send, refused.error(access), _request_id(headers))
+                    await send_error(self._answering(scope, send), refused.error(access), _request_id(headers))
                     return
         await self.app(scope, receive, send)
 
