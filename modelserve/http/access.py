@@ -6,7 +6,8 @@ Who writes it, so that the model-call path pays nothing for the others:
   from what it already holds (`modelserve.logs.access_writer`);
 - every other handler of the route table (``/healthz``, ``/readyz``, ``/metrics``, ``GET /<api>``, the docs,
   V2's metadata) is wrapped by `logged` when the table is built;
-- an answer made before any handler (the table's 404 and 405) goes out through `answering`'s ``send``.
+- an answer made before any handler (the table's 404 and 405, the guard's refusals and CORS preflights)
+  goes out through `answering`'s ``send``.
 
 All of them write through the same function, so every line has the same fields, in the text and the JSON
 formats. While modelserve writes a request's line, uvicorn's own access line for it is left out
