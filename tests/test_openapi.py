@@ -379,15 +379,9 @@ def example_copy(example: str, folder: Path) -> Path:
     return root
 
 
-def _example(name: str) -> Any:
-    if name == "iris-onnx":  # the {} body reaches the hooks' sample["sepal_length"]: fixed beside, in runtimes
-        return pytest.param(name, marks=pytest.mark.xfail(reason="iris-onnx answers {} with a 500", strict=False))
-    return name
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "example", [_example(path.name) for path in sorted(EXAMPLES.iterdir()) if (path / "modelserve.yaml").is_file()]
+    "example", [path.name for path in sorted(EXAMPLES.iterdir()) if (path / "modelserve.yaml").is_file()]
 )
 def test_schemathesis_finds_nothing_on_every_example(start_server: Any, tmp_path: Path, example: str) -> None:
     # Every check, negative_data_rejection included: what an example takes is what its document says.
