@@ -175,7 +175,7 @@ def test_configure_logging_turns_modelserve_access_lines_on_in_both_formats() ->
 
 
 # Every answer's access line: the model calls' and every other route's, the table's 404 and 405 included.
-ROUTES = [
+ROUTES: list[tuple[Any, ...]] = [
     ("GET", "/healthz", None),
     ("GET", "/readyz", None),
     ("GET", "/metrics", None),

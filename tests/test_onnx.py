@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -442,8 +442,12 @@ def test_slow_calls_do_not_delay_healthz_and_hooks_never_overlap(tmp_path: Path,
             probes = 0
             # How many probes had been answered when each slow call's answer arrived.
             seen: list[int] = [-1] * 6
+
+            def note(index: int) -> Callable[[object], None]:
+                return lambda _: seen.__setitem__(index, probes)
+
             for index, task in enumerate(tasks[:6]):
-                task.add_done_callback(lambda _, index=index: seen.__setitem__(index, probes))
+                task.add_done_callback(note(index))
             while not all(task.done() for task in tasks[:6]):
                 assert (await http.get("/healthz")).status_code == 200
                 probes += 1
