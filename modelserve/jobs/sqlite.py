@@ -198,6 +198,8 @@ class SQLiteStore(JobStore):
 
     async def submit(self, job: NewJob, max_queued: int) -> None:
         def insert(db: sqlite3.Connection) -> None:
+            if db.execute("SELECT 1 FROM jobs WHERE api = ? AND id = ?", (job.api, job.id)).fetchone():
+                raise DuplicateJob(job.id)  # before the queue's limit, as every store: retrying would not help
             row = db.execute(COUNT_QUEUED, (job.api,)).fetchone()
             if row is not None and row[0] >= max_queued:
                 raise JobQueueFull(max_queued)
