@@ -31,7 +31,7 @@ from v2 import BARE_APP, RATIOS, TARGETS, WIDTHS, model_folder, requests_of
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 import modelserve  # noqa: E402
-from modelserve.http._protocol import TransportLimits, uvicorn_settings  # noqa: E402
+from modelserve.http._protocol import TransportConfig  # noqa: E402
 
 
 class Transport(asyncio.Transport):
@@ -107,15 +107,13 @@ async def run_model(model: str, folder: Path, rounds: int, requests: int) -> dic
     bare = namespace["make_app"](str(folder / "model.onnx"))
     served = modelserve.create_app(str(folder))
     await served.server.wait_loaded()
-    settings = uvicorn_settings(TransportLimits())
-    ms_protocol = settings.pop("http")
     configs = {
-        "modelserve": Config(served, access_log=False, lifespan="off", **settings),
+        "modelserve": TransportConfig(served, access_log=False, lifespan="off"),
         "bare": Config(bare, access_log=False, lifespan="off", http="httptools"),
     }
     for config in configs.values():
         config.load()
-    protocols = {"modelserve": ms_protocol, "bare": HttpToolsProtocol}
+    protocols = {"modelserve": configs["modelserve"].http, "bare": HttpToolsProtocol}
     kinds = requests_of(WIDTHS[model])
     targets = {}
     for target, server, path, kind in TARGETS:

@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
-    from modelserve.http._protocol import TransportLimits, uvicorn_settings
+    from modelserve.http._protocol import TransportConfig, TransportLimits
 
     limits = TransportLimits(args.max_header_size, args.header_timeout, args.body_timeout, args.refusal_pause)
     config_kwargs: dict[str, Any] = {
@@ -490,11 +490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server_header": False,
         "access_log": args.access_log,
         **ssl_kwargs,
-        **uvicorn_settings(limits),
     }
     if not multiprocess:
-        config = uvicorn.Config(app, **config_kwargs)
-        config.modelserve_limits = limits  # type: ignore[attr-defined]  # read by http/_protocol.py
+        config = TransportConfig(app, limits=limits, **config_kwargs)
         try:
             sock = _listen(config)
         except OSError as exc:
@@ -524,8 +522,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     del app  # the parent only validated the project; the workers serve it
     os.environ[_ENV_SETTINGS] = json.dumps(settings)
-    config = uvicorn.Config("modelserve.cli:worker_app", factory=True, workers=args.workers, **config_kwargs)
-    config.modelserve_limits = limits  # type: ignore[attr-defined]  # pickled into the workers
+    # Pickled into the workers, its limits and protocol class (checked here, once) with it.
+    config = TransportConfig(
+        "modelserve.cli:worker_app", limits=limits, factory=True, workers=args.workers, **config_kwargs
+    )
     try:
         sock = _listen(config)
     except OSError as exc:

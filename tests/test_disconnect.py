@@ -16,7 +16,7 @@ import uvicorn
 
 import modelserve
 from modelserve.http._asgi import LOST, Disconnected
-from modelserve.http._protocol import TransportLimits, uvicorn_settings
+from modelserve.http._protocol import TransportConfig
 from modelserve.watch import Subscribable, Watch
 from tests.conftest import free_port
 
@@ -59,9 +59,9 @@ async def test_a_lost_connection_cancels_its_call(http: str, monkeypatch: pytest
     monkeypatch.setattr(Watch, "_watch", recorded)
     Slow.started, Slow.cancelled = asyncio.Event(), asyncio.Event()
     app = modelserve.create_app(handler=Slow, name="slow")
-    settings = uvicorn_settings(TransportLimits()) if http == "modelserve" else {"http": "h11"}
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **settings)
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": port, "log_level": "warning"}
+    config = TransportConfig(app, **settings) if http == "modelserve" else uvicorn.Config(app, http="h11", **settings)
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve())
     try:

@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 import modelserve
-from modelserve.http._protocol import LingeringH11Protocol, TransportLimits, uvicorn_settings
+from modelserve.http._protocol import LingeringH11Protocol, TransportConfig, TransportLimits
 from tests.conftest import free_port, read_http_answer, write_project
 
 PROJECT = {
@@ -177,9 +177,8 @@ def in_process(protocol: str, limits: TransportLimits) -> Iterator[int]:
     """A uvicorn server with modelserve's httptools or h11 protocol and `limits`, in a thread; its port."""
     app = modelserve.create_app(handler=Echo, name="small", max_body_size=1024 * 1024)
     port = free_port()
-    settings = uvicorn_settings(limits) if protocol == "httptools" else {"http": LingeringH11Protocol}
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **settings)
-    config.modelserve_limits = limits  # type: ignore[attr-defined]
+    settings: dict[str, Any] = {} if protocol == "httptools" else {"http": LingeringH11Protocol}
+    config = TransportConfig(app, limits=limits, host="127.0.0.1", port=port, log_level="warning", **settings)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run)
     thread.start()

@@ -8,8 +8,10 @@ through the parser callbacks httptools documents (``on_headers_complete``, ``on_
 asyncio's protocol methods (it reads uvicorn's ``url`` and ``headers`` of the request only to size a header
 block that may be too large, the scope of its current ``cycle`` and its read ``flow`` control only for the
 refusal pause, and adds modelserve's keys to the request's ``scope``; the lingering close replaces the
-``transport`` of a ``cycle`` whose body is still coming, and the Host check the ``app`` it starts); it is passed
-to uvicorn as ``Config(http=...)``, which takes a protocol class:
+``transport`` of a ``cycle`` whose body is still coming, and the Host check the ``app`` it starts). Those names
+are uvicorn's internals: `modelserve.http._uvicorn.missing` checks them once per process, and
+`transport_protocol()` serves with uvicorn's own protocol, with one warning naming what is lost, when one is
+missing. `TransportConfig` (a `uvicorn.Config`) carries the limits to the protocol and passes it as ``http``:
 
 - request line plus headers over `TransportLimits.max_header_size` bytes: when they are complete, the
   ``on_headers_complete`` callback raises, so the parser fails and uvicorn answers 400 and closes the
@@ -45,21 +47,34 @@ to uvicorn as ``Config(http=...)``, which takes a protocol class:
 A deadline is armed only when a request is still incomplete after the bytes at hand were parsed, so a
 request that arrives whole costs no timer (nor the lingering close its small wrapper). Without httptools,
 `LingeringH11Protocol` (uvicorn's h11 protocol) bounds the headers (``h11_max_incomplete_event_size``) and
-lingers, but has no deadlines, no refusal pause and no Host count of its own (`uvicorn_settings`).
+lingers, but has no deadlines, no refusal pause and no Host count of its own (`transport_protocol`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import uvicorn
+from uvicorn.config import Config
+
 from modelserve.errors import HeadersTooLarge
 from modelserve.http._asgi import ARRIVED, LOST, REFUSED
+from modelserve.http._uvicorn import missing
 from modelserve.http.guard import host_count, more_than_one_host
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is part of uvicorn[standard]
+    HttpToolsProtocol = None  # type: ignore[assignment, misc]
+
+logger = logging.getLogger(__name__)
 
 #: The limits' defaults, as the CLI shows them.
 MAX_HEADER_SIZE = 32 * 1024
@@ -179,27 +194,74 @@ class _LingerOnClose:
         return getattr(self._protocol.transport, name)
 
 
-try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # pragma: no cover - httptools is part of uvicorn[standard]
-    HttpToolsProtocol = None  # type: ignore[assignment, misc]
+class TransportConfig(Config):
+    """uvicorn's `Config`, carrying `TransportLimits` to modelserve's protocol, which it serves with.
+
+    ``http`` defaults to `transport_protocol()`: modelserve's protocol when the uvicorn installed offers what it
+    relies on, uvicorn's own otherwise (with one warning). Given another ``http``, the limits reach it only if it
+    is one of modelserve's protocols. A plain `Config` gives modelserve's protocols the default limits::
+
+        config = TransportConfig(app, limits=TransportLimits(header_timeout=5), host="127.0.0.1", port=8000)
+        uvicorn.Server(config).run()
+    """
+
+    def __init__(self, app: Any, *, limits: TransportLimits | None = None, **kwargs: Any) -> None:
+        self.transport_limits = limits if limits is not None else TransportLimits()
+        kwargs.setdefault("h11_max_incomplete_event_size", self.transport_limits.max_header_size)
+        http = kwargs.pop("http", None)
+        super().__init__(app, **kwargs)
+        # Chosen once uvicorn has configured logging (in `Config.__init__`), so that a warning goes where it says.
+        self.http = transport_protocol() if http is None else http
 
 
-def uvicorn_settings(limits: TransportLimits) -> dict[str, Any]:
-    """The `uvicorn.Config` keyword arguments that apply `limits`; set ``config.modelserve_limits`` too."""
-    if HttpToolsProtocol is None:  # pragma: no cover
-        return {"http": LingeringH11Protocol, "h11_max_incomplete_event_size": limits.max_header_size}
-    return {"http": LimitedHttpToolsProtocol, "h11_max_incomplete_event_size": limits.max_header_size}
+def _limits(config: Config) -> TransportLimits:
+    return config.transport_limits if isinstance(config, TransportConfig) else _DEFAULT_LIMITS
+
+
+_DEFAULT_LIMITS = TransportLimits()
+
+#: What serving with uvicorn's own protocol instead of modelserve's loses.
+LOST_WITHOUT_HTTPTOOLS = (
+    "the header size limit, the header and body deadlines, the refusal pause, the lingering close of refused "
+    "uploads, the 400 for two Host headers at the transport, and the disconnect callbacks (a task waits on each "
+    "long call's connection instead)"
+)
+LOST_WITHOUT_H11 = "the lingering close of refused uploads"
+
+
+@functools.cache
+def transport_protocol() -> type[asyncio.Protocol]:
+    """The protocol class to serve with: modelserve's httptools protocol (or, without httptools, its h11
+    protocol) when the uvicorn installed has what it relies on (`modelserve.http._uvicorn.missing`, checked
+    once per process); uvicorn's own protocol otherwise, with one warning that names what is lost."""
+    if HttpToolsProtocol is not None:
+        mine: type[asyncio.Protocol] = LimitedHttpToolsProtocol
+        stock: type[asyncio.Protocol] = HttpToolsProtocol
+        lost = LOST_WITHOUT_HTTPTOOLS
+    else:  # pragma: no cover - httptools is part of uvicorn[standard]
+        mine, stock, lost = LingeringH11Protocol, H11Protocol, LOST_WITHOUT_H11
+    absent = missing(stock)
+    if not absent:
+        return mine
+    logger.warning(
+        "uvicorn %s lacks what modelserve's HTTP protocol relies on (%s): serving with uvicorn's %s instead, "
+        "without %s",
+        uvicorn.__version__,
+        "; ".join(absent),
+        stock.__name__,
+        lost,
+    )
+    return stock
 
 
 if HttpToolsProtocol is not None:
 
     class LimitedHttpToolsProtocol(_Lingering, HttpToolsProtocol):
-        """uvicorn's httptools protocol, with `TransportLimits` (read from ``config.modelserve_limits``)."""
+        """uvicorn's httptools protocol, with the `TransportLimits` of its `TransportConfig`."""
 
-        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, config: Config, *args: Any, **kwargs: Any) -> None:
             super().__init__(config, *args, **kwargs)
-            limits = getattr(config, "modelserve_limits", None) or TransportLimits()
+            limits = _limits(config)
             self._max_header_size = limits.max_header_size
             self._header_timeout = limits.header_timeout
             self._body_timeout = limits.body_timeout
@@ -361,9 +423,9 @@ if H11Protocol is not None:
         """uvicorn's h11 protocol with the lingering close (`_Lingering`): the fallback without httptools, or
         for an embedding process to pass as ``uvicorn.Config(http=...)``. No deadlines, no refusal pause."""
 
-        def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, config: Config, *args: Any, **kwargs: Any) -> None:
             super().__init__(config, *args, **kwargs)
-            self._linger_setup(getattr(config, "modelserve_limits", None) or TransportLimits())
+            self._linger_setup(_limits(config))
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._linger_lost()
