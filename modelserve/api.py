@@ -44,7 +44,7 @@ from modelserve.errors import (
 )
 from modelserve.limiter import Limiter
 from modelserve.metrics import ApiMetrics
-from modelserve.pipeline import run_in_thread
+from modelserve.pipeline import Pipeline, run_in_thread
 from modelserve.watch import Watch, Watchdog
 
 logger = logging.getLogger("modelserve")
@@ -127,11 +127,14 @@ class Api:
         cancelled: Cancelled | None = None,
         admitted: int | None = None,
         since: float | None = None,
+        pipeline: Pipeline | None = None,
     ) -> Any:
         """Run one call of the API: `value` is the decoded inputs, `request` what a stage taking the request
         receives, `admitted` the size given to `admit` when the transport admitted the request first, `since`
         the `time.monotonic()` from which the request counts as waiting when that began before it was read
-        (the transport left its connection unread: `max_queue_wait` counts that time too).
+        (the transport left its connection unread: `max_queue_wait` counts that time too), `pipeline` another
+        entry of the backend to run instead of its pipeline (a model file's `tensors`, for a protocol whose
+        values are the model's own tensors).
         Returns the result (a `Stream` for a generator) or raises (see the module's docstring)."""
         limiter = self.limiter
         if not self.ready:
@@ -141,7 +144,8 @@ class Api:
         watch = Watch(self.watchdog, ctx, cancelled, self.config.timeout, self.notify)
         acquired = streaming = False
         began = 0.0  # when a call that waited for its slot began (the limiter's estimate of a call's time)
-        pipeline = self.backend.pipeline
+        if pipeline is None:
+            pipeline = self.backend.pipeline
         work = pipeline.work
         try:
             if work is not None:
