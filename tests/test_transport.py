@@ -1,17 +1,20 @@
 """Transport limits through a real server and raw sockets: header size, header and body deadlines, and a 413
 that closes the connection after dropping at most `LINGER_SIZE` of the rest of a chunked body (the lingering
-close, `tests/test_lingering_close.py`) instead of reading all of it."""
+close, `tests/test_lingering_close.py`) instead of reading all of it. The limits reach the protocol through
+`TransportConfig`, in every worker of ``--workers``."""
 
 from __future__ import annotations
 
+import pickle
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from modelserve.http._protocol import LINGER_SIZE
+from modelserve.http._protocol import LINGER_SIZE, TransportConfig, TransportLimits, transport_protocol
 from tests.conftest import read_http_answer, write_project
 
 PROJECT = {
@@ -178,3 +181,25 @@ def test_headers_still_arriving_past_the_limit_are_cut_off(server: Any) -> None:
     # Cut off long before the end. What the client could send before the close reached it depends on the kernel's
     # buffers (the server's receive buffer grows while it reads), not on the server: measured 0.1-1.2 MiB.
     assert sent < 4 * 1024 * 1024, sent
+
+
+def test_the_limits_and_the_protocol_travel_with_the_config_to_the_workers() -> None:
+    limits = TransportLimits(max_header_size=1000, header_timeout=2.0, linger_size=10)
+    config = TransportConfig("modelserve.cli:worker_app", limits=limits, factory=True, log_config=None)
+    copy = pickle.loads(pickle.dumps(config))  # as uvicorn hands it to each worker process
+    assert copy.transport_limits == limits
+    assert copy.http is transport_protocol()
+    assert copy.h11_max_incomplete_event_size == 1000  # the header limit under h11 too
+
+
+def test_each_worker_applies_the_limits_of_the_command(tmp_path: Path, start_server: Any) -> None:
+    server = start_server(write_project(tmp_path, PROJECT), "--workers", "2", "--max-header-size", "8192")
+    server.wait_ready()
+    for _ in range(4):  # new connections, spread over the workers
+        with connect(server) as sock:
+            sock.sendall(headers(2, extra="X-Big: " + "a" * 20_000 + "\r\n") + b"{}")  # under the default limit
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    with connect(server) as sock:
+        sock.sendall(headers(2) + b"{}")
+        assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
