@@ -7,21 +7,28 @@ parsed in pieces that hold the GIL briefly each (`modelserve._chunked_json`), to
 Results: bytes become application/octet-stream; everything else JSON, as Truss and Cortex answered: dict,
 list, tuple, numbers, bool, None, and a str too (``"iris-setosa"``, quotes included; send text with a
 Starlette ``Response``). numpy arrays and scalars become lists and numbers, pydantic models their own JSON
-serialisation (``model_dump(mode="json")``; pydantic is never imported for this).
+serialisation (``model_dump(mode="json")``; pydantic is never imported for this). An `Answer` (a body that
+already has its media type, as a backend that follows another server's answers builds it) is sent as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs as _stdlib_codecs
+import inspect
+import logging
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from modelserve import _chunked_json
+from modelserve import _chunked_json, _threads
 from modelserve.errors import BadRequest, EncodeError
+
+logger = logging.getLogger("modelserve")
 
 JSON_TYPE = b"application/json"
 TEXT_TYPE = b"text/plain; charset=utf-8"
@@ -182,15 +189,59 @@ def encode_json(value: Any) -> bytes:
         raise EncodeError(value) from exc
 
 
+@dataclass(eq=False)
+class Answer:
+    """A result whose body is already encoded: what a backend returns when its user code's contract decides
+    how a value is sent (Cortex sends a str as text/plain), so that no backend builds an HTTP response.
+
+    `background` runs once the answer is encoded, in a worker thread, without delaying it (Cortex's
+    ``(result, callback)`` and ``post_predict``). The attribute names are a Starlette ``Response``'s, since
+    Cortex's ``post_predict(response)`` reads them::
+
+        Answer(b"setosa", "text/plain; charset=utf-8", background=[lambda: print("sent")])
+    """
+
+    body: bytes
+    media_type: str
+    background: list[Callable[[], Any]] = field(default_factory=list)
+    #: Sent with 200, as every result is.
+    status_code = 200
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"content-type": self.media_type, "content-length": str(len(self.body))}
+
+
+def _run_background(callbacks: list[Callable[[], Any]]) -> None:
+    """In a worker thread: an answer's callbacks in order (an async one on a loop of its own); a failure is
+    logged and the next one still runs, as the answer has gone."""
+    for callback in callbacks:
+        try:
+            outcome = callback()
+            if inspect.isawaitable(outcome):
+                asyncio.run(_awaited(outcome))
+        except Exception:
+            logger.exception("a callback run after the answer raised")
+
+
+async def _awaited(outcome: Any) -> Any:
+    return await outcome
+
+
 def encode_result(value: Any) -> tuple[bytes, bytes]:
     """Encode a handler's result: (body, content-type). Raises `EncodeError` for unknown types.
 
-    bytes are sent as they are (``application/octet-stream``); anything else is JSON, a str included::
+    bytes are sent as they are (``application/octet-stream``); an `Answer` with its own media type (its
+    background handed to a worker thread); anything else is JSON, a str included::
 
         encode_result("iris-setosa") == (b'"iris-setosa"', b"application/json")
     """
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), BYTES_TYPE
+    if type(value) is Answer:
+        if value.background:
+            _threads.submit(_run_background, value.background)
+        return value.body, value.media_type.encode("latin-1")
     return encode_json(value), JSON_TYPE
 
 

@@ -6,11 +6,13 @@ what was expected and what was found, so that a user fixes the whole file in one
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -34,6 +36,27 @@ CORS_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUE
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ORIGIN_RE = re.compile(r"^[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?$")
 _TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+#: What serves an API, by kind (`ApiConfig.backend`): the import string of its `modelserve.backends.Backend`,
+#: imported only when a project has such an API. Truss's Model-class contract and Cortex's handlers live in
+#: `modelserve.compat`. Validation names these kinds, and `modelserve.backends.make_backend` builds from here.
+BACKENDS: dict[str, str] = {
+    "model_class": "modelserve.compat.truss_backend:TrussModelClassBackend",
+    "handler_class": "modelserve.backends.handler_class:HandlerClassBackend",
+    "model_file": "modelserve.backends.model_file:ModelFileBackend",
+    "cortex_handler": "modelserve.compat.cortex_backend:CortexHandlerBackend",
+}
+#: Folders laid out for other model servers, served as they are when there is no modelserve.yaml: each
+#: module offers ``detect(root) -> bool`` and ``load(root) -> ProjectConfig``, tried in this order.
+LAYOUTS: dict[str, str] = {
+    "truss": "modelserve.compat.truss",
+    "cortex": "modelserve.compat.cortex",
+}
+
+
+def layout(name: str) -> ModuleType:
+    """The module of a `LAYOUTS` entry (imported when a project needs it)."""
+    return importlib.import_module(LAYOUTS[name])
 
 
 @dataclass
@@ -123,6 +146,18 @@ class ApiConfig:
     devices: list[int] | str = "auto"
     #: What the API does, for its OpenAPI document (None: the class's docstring).
     description: str | None = None
+
+    @property
+    def backend(self) -> str:
+        """The kind of `BACKENDS` that serves this API, from what its configuration names: a Cortex handler
+        (cortex.yaml, or a model with a handler class: the handler gets the model's client), a model file, an
+        async Handler class, or a Model class."""
+        handler_class = self.handler is not None and self.handler.class_name is not None
+        if self.cortex is not None or (self.model is not None and handler_class):
+            return "cortex_handler"
+        if self.model is not None:
+            return "model_file"
+        return "handler_class" if self.kind == "async" else "model_class"
 
 
 @dataclass
@@ -544,32 +579,6 @@ def _secret_names(value: Any) -> dict[str, str | None]:
     raise _Invalid("a list of secret names, or a mapping of names to null")
 
 
-def _apply_truss(api: ApiConfig, raw: dict[str, Any], where: str, root: Path, problems: _Problems) -> None:
-    """``truss: config.yaml``: the API gets what a Truss folder would (config, data_dir, secrets, packages)."""
-    from modelserve.compat.truss import log_not_applied, read_truss_config
-
-    path = problems.take(raw, "truss", _string, where)
-    if path is None:
-        return
-    try:
-        settings = read_truss_config(root, path)
-    except ConfigError as exc:
-        problems.add(where, f"key 'truss': {exc}")
-        return
-    log_not_applied(settings)
-    api.truss = path
-    if api.handler is None and "model" not in raw and "handler" not in raw:
-        api.handler = HandlerConfig(path=settings.handler_path, class_name=settings.class_name)
-    if api.handler is not None:
-        if api.handler.config:
-            problems.add(where, "give 'handler.config' or 'truss', not both ('truss' gives the whole config.yaml)")
-        api.handler.config = settings.config
-    if "max_concurrency" not in raw:
-        api.max_concurrency = settings.max_concurrency
-    api.data_dir, api.secrets = settings.data_dir, settings.secrets
-    api.env, api.python_path = settings.env, settings.python_path
-
-
 def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConfig | None:
     if not isinstance(raw, dict):
         problems.add(f"api #{index + 1}", f"expected a mapping, got {_describe(raw)}")
@@ -593,7 +602,7 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     if raw.get("model") is not None:
         api.model = _parse_model(raw["model"], where, root, problems)
     if raw.get("truss") is not None:
-        _apply_truss(api, raw, where, root, problems)
+        layout("truss").apply_truss(api, raw, where, root, problems)
     elif "handler" not in raw and "model" not in raw:
         problems.add(where, "needs a 'handler' (a Python class) or a 'model' (an ONNX or TensorFlow file)")
     api.data_dir = problems.take(raw, "data_dir", _string, where, api.data_dir)
@@ -617,8 +626,8 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
 
 def _refuse_inapplicable(api: ApiConfig, raw: dict[str, Any], where: str, problems: _Problems) -> None:
     """Keys that the API's kind would silently ignore: each is a problem saying where it applies."""
-    model_class = api.model is None and api.kind == "realtime"  # a Model class gets data_dir and secrets
-    model_file = api.model is not None and not (api.handler is not None and api.handler.class_name)
+    model_class = api.backend == "model_class"  # a Model class gets data_dir and secrets
+    model_file = api.backend == "model_file"
     if "result_ttl" in raw and api.kind != "async":
         problems.add(where, "key 'result_ttl' applies to async APIs only (how long a job's result is kept)")
     if raw.get("batching") is not None and not (model_class or model_file):
@@ -789,15 +798,6 @@ def apply_command_line(project: ProjectConfig, api_key_env: str | None, cors_ori
         )
 
 
-def _truss_without_model_dir(path: Path) -> bool:
-    """A Truss config.yaml naming another model folder than ``model/``, or a Truss of its own server image."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and ("model_module_dir" in data or "docker_server" in data)
-
-
 def yaml_error(path: str | Path, exc: yaml.YAMLError) -> ConfigError:
     """A YAML syntax error as a `ConfigError` naming the file, the line and the column (PyYAML, given the
     file's text, would name ``"<unicode string>"``)."""
@@ -820,7 +820,8 @@ def yaml_error(path: str | Path, exc: yaml.YAMLError) -> ConfigError:
 
 
 def load_project_config(project_dir: str | Path) -> ProjectConfig:
-    """Read a project folder: its modelserve.yaml, or a lone model.py with a class Model."""
+    """Read a project folder: its modelserve.yaml, a folder of another server (`LAYOUTS`), or a lone model.py
+    with a class Model."""
     root = Path(project_dir).resolve()
     if not root.is_dir():
         raise ConfigError(f"project folder {str(project_dir)!r} does not exist or is not a folder")
@@ -831,16 +832,10 @@ def load_project_config(project_dir: str | Path) -> ProjectConfig:
         except yaml.YAMLError as exc:
             raise yaml_error(config_path, exc) from None
         return parse_project(data, root, str(config_path))
-    truss_config = root / "config.yaml"
-    if truss_config.is_file() and ((root / "model").is_dir() or _truss_without_model_dir(truss_config)):
-        from modelserve.compat.truss import load_truss_project
-
-        return load_truss_project(root)
-    for name in ("cortex.yaml", "cortex.yml"):
-        if (root / name).is_file():
-            from modelserve.compat.cortex import load_cortex_project
-
-            return load_cortex_project(root, root / name)
+    for name in LAYOUTS:
+        module = layout(name)
+        if module.detect(root):
+            return module.load(root)  # type: ignore[no-any-return]
     if (root / "model.py").is_file():
         api = ApiConfig(name="model", handler=HandlerConfig(path="model.py", class_name="Model"))
         return ProjectConfig(root=root, apis=[api])

@@ -541,9 +541,7 @@ def test_a_handler_class_is_checked_when_the_app_is_created(tmp_path: Path, code
         assert fragment in str(caught.value)
 
 
-def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run_after(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run_after(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
     import modelserve
@@ -551,16 +549,18 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
     root = write(
         tmp_path,
         {
-            "handler.py": "import os\n\n"
+            "handler.py": "import os\nimport threading\n\nran = threading.Event()\n\n"
             + HANDLER
             + "    def handle_post(self, headers, query_params, payload):\n"
             + "        seen = {'payload': payload, 'q': query_params['q'], 'h': headers['x-name']}\n"
             + "        seen['env'] = os.environ['MODELSERVE_TEST_CORTEX_GREETING']\n"
-            + "        return seen, lambda: print('callback ran')\n",
+            + "        return seen, ran.set\n",
             "predictor.py": "def predict(sample, metadata):\n    return 'label-' + sample['x'] + metadata['suffix']\n",
-            "predictor_class.py": "seen = []\n\n\nclass PythonPredictor:\n    def __init__(self, config):\n"
+            "predictor_class.py": "import threading\n\nseen = []\nran = threading.Event()\n\n\n"
+            "class PythonPredictor:\n    def __init__(self, config):\n"
             "        pass\n\n    def predict(self, payload):\n        return {'echo': payload}\n\n"
-            "    def post_predict(self, response, payload):\n        seen.append((response.body, payload))\n",
+            "    def post_predict(self, response, payload):\n"
+            "        seen.append((response.body, response.status_code, payload))\n        ran.set()\n",
             "cortex.yaml": "- name: api\n  kind: RealtimeAPI\n"
             "  handler: {path: handler.py, env: {MODELSERVE_TEST_CORTEX_GREETING: hi}}\n"
             "- kind: api\n  name: old\n  predictor: {path: predictor.py, metadata: {suffix: '!'}}\n"
@@ -573,7 +573,9 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
         answer = client.post("/api?q=1", json={"a": 1}, headers={"x-name": "n"})
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"payload": {"a": 1}, "q": "1", "h": "n", "env": "hi"}
-        assert "callback ran" in capsys.readouterr().out  # the (result, callback) pair's callback
+        from modelserve.project import import_file
+
+        assert import_file(root, "handler.py", "api").ran.wait(30)  # the (result, callback) pair's callback ran
         text = client.post("/api?q=2", content="plain", headers={"content-type": "text/plain", "x-name": "n"})
         assert text.json()["payload"] == "plain"  # text/plain arrives as a str, as in Cortex
         os.environ.pop("MODELSERVE_TEST_CORTEX_GREETING")
@@ -581,9 +583,9 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
         assert old.json() == "label-a!"  # a v0.11 predictor's str is jsonify-ed
         predicted = client.post("/pred", json=[1])
         assert predicted.json() == {"echo": [1]}
-    from modelserve.project import import_file
-
-    assert import_file(root, "predictor_class.py", "pred").seen == [(b'{"echo":[1]}', [1])]  # post_predict ran after
+    post = import_file(root, "predictor_class.py", "pred")
+    assert post.ran.wait(30)  # post_predict ran once the answer was ready, and saw it
+    assert post.seen == [(b'{"echo":[1]}', 200, [1])]
 
 
 def test_cortex_internal_logger_is_modelserves_unless_a_real_one_is_installed(tmp_path: Path) -> None:

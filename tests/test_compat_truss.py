@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from modelserve.backends.model_class import CONSTRUCTOR_ARGS, check_constructor, construct, constructor_arguments
+from modelserve.backends.model_class import check_constructor, construct
 from modelserve.compat.truss import api_name, read_truss_config
+from modelserve.compat.truss_backend import CONSTRUCTOR_ARGS, truss_arguments
 from modelserve.config import ApiConfig, HandlerConfig, load_project_config
 from modelserve.errors import ConfigError, LoadError
 from modelserve.logs import LibraryLevelFilter, add_user_code_dir
@@ -512,7 +513,7 @@ class UnknownArgument:
 
 def test_constructor_gets_what_it_names_or_everything(tmp_path: Path) -> None:
     api = ApiConfig(name="m", handler=HandlerConfig(config={"k": 1}), secrets={"token": None}, data_dir="weights")
-    available = constructor_arguments(api, tmp_path, metrics_client=None)  # type: ignore[arg-type]
+    available = truss_arguments(api, tmp_path, metrics_client=None)  # type: ignore[arg-type]
     assert set(available) == set(CONSTRUCTOR_ARGS)
     named = construct(NamedArguments, "m", available)
     assert named.got[0] == tmp_path.resolve() / "weights"
@@ -520,12 +521,12 @@ def test_constructor_gets_what_it_names_or_everything(tmp_path: Path) -> None:
     everything = construct(AllArguments, "m", available).kwargs
     assert set(everything) == set(CONSTRUCTOR_ARGS)
     assert everything["lazy_data_resolver"].block_until_download_complete() == ""
-    assert constructor_arguments(ApiConfig(name="m"), tmp_path, None)["data_dir"] == tmp_path.resolve() / "data"  # type: ignore[arg-type]
+    assert truss_arguments(ApiConfig(name="m"), tmp_path, None)["data_dir"] == tmp_path.resolve() / "data"  # type: ignore[arg-type]
 
 
 def test_unknown_constructor_argument_lists_what_can_be_asked_for() -> None:
     with pytest.raises(LoadError) as caught:
-        check_constructor(UnknownArgument, "model.py:UnknownArgument")
+        check_constructor(UnknownArgument, "model.py:UnknownArgument", CONSTRUCTOR_ARGS)
     assert "requires ['tokenizer']" in str(caught.value)
     listed = "config, data_dir, secrets, environment, lazy_data_resolver, metrics_client, device (or **kwargs)"
     assert listed in str(caught.value)
@@ -538,7 +539,7 @@ def test_secrets_of_a_modelserve_yaml_api(tmp_path: Path) -> None:
     )
     (api,) = load_project_config(tmp_path).apis
     assert (api.secrets, api.data_dir) == ({"token": None}, "weights")
-    assert isinstance(constructor_arguments(api, tmp_path, None)["secrets"], Secrets)  # type: ignore[arg-type]
+    assert isinstance(truss_arguments(api, tmp_path, None)["secrets"], Secrets)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------------

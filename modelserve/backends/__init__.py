@@ -1,16 +1,21 @@
 """Backends: what answers an API's requests once loaded.
 
-One module per kind: `model_class` (a Truss-style Model class), `model_file` (an ONNX file or a TensorFlow
-SavedModel with optional hooks), `handler_class` (a Cortex-style async Handler) and `cortex_handler` (Cortex's
-handler classes and predictor modules, from cortex.yaml projects). `make_backend` picks
-one from an API's configuration; the rest of the server only sees the `Backend` interface.
+One module per kind: `model_class` (a Model class), `model_file` (an ONNX file or a TensorFlow SavedModel with
+optional hooks) and `handler_class` (an async Handler); Truss's Model class and Cortex's handler classes and
+predictor modules are served from `modelserve.compat`. `make_backend` builds the one that the registry
+(`modelserve.config.BACKENDS`) names for an API's kind (`ApiConfig.backend`); the rest of the server only sees
+the `Backend` interface. A backend imports and runs user code: it never imports a protocol or HTTP module, and
+returns values, never responses (a result with its own media type is a `modelserve.codecs.Answer`).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modelserve.config import BACKENDS
 from modelserve.errors import LoadError
 from modelserve.pipeline import Pipeline
 
@@ -50,29 +55,20 @@ def make_backend(
     metrics_client: MetricsClient,
     api_metrics: ApiMetrics,
 ) -> Backend:
-    """Pick and build (import and validate, not yet load) the backend an API's configuration names."""
-    if api.cortex is None and api.model is not None and api.handler is not None and api.handler.class_name:
-        # A model with a handler class: a Cortex TensorFlow/ONNX handler whose client serves that model.
-        from dataclasses import replace
+    """Build (import and validate, not yet load) the backend that `BACKENDS` names for an API's kind."""
+    return backend_class(api.backend)(api, root, metrics_client, api_metrics)
 
-        from modelserve.config import CortexConfig
 
-        api = replace(api, model=None, cortex=CortexConfig(type=api.model.format, models={"": api.model}))
-    if api.cortex is not None:
-        from modelserve.backends.cortex_handler import CortexHandlerBackend
-
-        return CortexHandlerBackend(api, root, metrics_client, api_metrics)
-    if api.model is not None:
-        from modelserve.backends.model_file import ModelFileBackend
-
-        return ModelFileBackend(api, root, metrics_client, api_metrics)
-    if api.kind == "async":
-        from modelserve.backends.handler_class import HandlerClassBackend
-
-        return HandlerClassBackend(api, root, metrics_client, api_metrics)
-    from modelserve.backends.model_class import ModelClassBackend
-
-    return ModelClassBackend(api, root, metrics_client, api_metrics)
+def backend_class(kind: str) -> Callable[[ApiConfig, Path | None, MetricsClient, ApiMetrics], Backend]:
+    """The `Backend` class of a kind of `BACKENDS` (its module imported now)."""
+    try:
+        target = BACKENDS[kind]
+    except KeyError:
+        raise LoadError(f"unknown backend {kind!r} (known backends: {', '.join(sorted(BACKENDS))})") from None
+    module, _, name = target.partition(":")
+    cls: Callable[[ApiConfig, Path | None, MetricsClient, ApiMetrics], Backend]
+    cls = getattr(importlib.import_module(module), name)
+    return cls
 
 
 def resolve_class(api: ApiConfig, root: Path | None, default_class: str) -> tuple[type, str]:

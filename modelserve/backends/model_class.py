@@ -1,7 +1,9 @@
-"""A Truss-style Model class: optional load(), preprocess / predict / postprocess.
+"""A Model class: optional load(), preprocess / predict / postprocess.
 
-The constructor gets what Truss gives, by name (or all of it through ``**kwargs``): ``config``, ``data_dir``,
-``secrets``, ``environment``, ``lazy_data_resolver``, and modelserve's ``metrics_client`` and ``device``.
+The constructor gets what it names (or all of it through ``**kwargs``): ``config``, ``data_dir``, ``secrets``,
+``metrics_client`` and ``device`` (`MODEL_ARGS`). Truss's own arguments (``environment``,
+``lazy_data_resolver``) and its hints are added by `modelserve.compat.truss_backend`, the backend that the
+registry (`modelserve.config.BACKENDS`) picks for a Model class.
 """
 
 from __future__ import annotations
@@ -40,51 +42,31 @@ if TYPE_CHECKING:
     from modelserve.config import ApiConfig
     from modelserve.metrics import ApiMetrics, MetricsClient
 
-#: What a constructor may ask for by name (Truss's arguments, then modelserve's own).
-CONSTRUCTOR_ARGS = (
-    "config",
-    "data_dir",
-    "secrets",
-    "environment",
-    "lazy_data_resolver",
-    "metrics_client",
-    "device",
-)
-
-
-class LazyDataResolver:
-    """Truss's ``lazy_data_resolver``: on Truss's platform it fetches ``data/`` while ``load()`` runs; here
-    the data is already in the project folder, so waiting for it returns at once."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-
-    def block_until_download_complete(self, log_stats: bool = True, issue_collect: bool = True) -> str:
-        return ""
-
-    def raise_if_not_collected(self) -> None:
-        return None
+#: What a constructor may ask for by name.
+MODEL_ARGS = ("config", "data_dir", "secrets", "metrics_client", "device")
 
 
 def constructor_arguments(api: ApiConfig, root: Path | None, metrics_client: MetricsClient) -> dict[str, Any]:
-    """Everything a constructor may ask for (see `CONSTRUCTOR_ARGS`), for one API.
+    """Everything a constructor may ask for (see `MODEL_ARGS`), for one API.
 
     ``config`` is the API's ``handler.config`` (a Truss folder's whole config.yaml), ``data_dir`` the
     project's ``data/`` folder (or the API's ``data_dir``), ``secrets`` a `Secrets` mapping of the names the
-    API declares, ``environment`` None (Truss's value when a deployment has no environment), ``device`` the
-    API's device in this process (``"cuda:0"`` or ``"cpu"``, as `modelserve.device()` says; `modelserve.devices`).
+    API declares, ``device`` the API's device in this process (``"cuda:0"`` or ``"cpu"``, as
+    `modelserve.device()` says; `modelserve.devices`).
     """
-    base = root if root is not None else Path.cwd()
-    data_dir = (base / (api.data_dir or "data")).resolve()
     return {
         "config": api.handler.config if api.handler else {},
-        "data_dir": data_dir,
+        "data_dir": data_dir_of(api, root),
         "secrets": Secrets(api.secrets),
-        "environment": None,
-        "lazy_data_resolver": LazyDataResolver(data_dir),
         "metrics_client": metrics_client,
         "device": devices.assign(api.devices).name,
     }
+
+
+def data_dir_of(api: ApiConfig, root: Path | None) -> Path:
+    """The folder an API's constructor gets as ``data_dir``: its ``data_dir``, or the project's ``data/``."""
+    base = root if root is not None else Path.cwd()
+    return (base / (api.data_dir or "data")).resolve()
 
 
 def _init_of(cls: type) -> Any:
@@ -96,13 +78,13 @@ def _no_arguments() -> None:
     return None
 
 
-def check_constructor(cls: type, label: str) -> None:
-    """Refuse, at import time, a constructor that requires arguments modelserve cannot give."""
-    missing = required_unknown_params(_init_of(cls), {"self", *CONSTRUCTOR_ARGS})
+def check_constructor(cls: type, label: str, accepted: tuple[str, ...] = MODEL_ARGS) -> None:
+    """Refuse, at import time, a constructor that requires arguments other than `accepted`."""
+    missing = required_unknown_params(_init_of(cls), {"self", *accepted})
     if missing:
         raise LoadError(
             f"{label}: {describe_callable(_init_of(cls), cls.__name__ + '.__init__')} requires {missing}; "
-            f"a constructor may take {', '.join(CONSTRUCTOR_ARGS)} (or **kwargs)"
+            f"a constructor may take {', '.join(accepted)} (or **kwargs)"
         )
 
 
@@ -154,6 +136,8 @@ def _refuse_streams(call: StageCall, is_async: bool) -> StageCall:
 
 class ModelClassBackend(Backend):
     kind = "model_class"
+    #: The names a constructor may ask for (a subclass for another server's contract adds its own).
+    constructor_args: tuple[str, ...] = MODEL_ARGS
 
     def __init__(self, api: ApiConfig, root: Path | None, metrics_client: MetricsClient, api_metrics: ApiMetrics):
         self.api = api
@@ -171,7 +155,7 @@ class ModelClassBackend(Backend):
         self.device = devices.CPU
         #: The processes its code starts, stopped when the API closes.
         self.children = Children(self.label)
-        check_constructor(self.cls, self.label)
+        check_constructor(self.cls, self.label, self.constructor_args)
         if api.batching is not None:
             predict = self.spec.stage("predict")
             assert predict is not None
@@ -182,6 +166,14 @@ class ModelClassBackend(Backend):
                     f"{self.label}: with batching, predict receives a list of inputs and cannot take the request; "
                     "read the request in preprocess"
                 )
+
+    def arguments(self) -> dict[str, Any]:
+        """What the constructor may ask for, by name (`constructor_args`)."""
+        return constructor_arguments(self.api, self.root, self.metrics_client)
+
+    def explain(self, error: LoadError) -> str | None:
+        """What to add to a failure of the constructor or load() (None: nothing)."""
+        return None
 
     @property
     def streams(self) -> bool:
@@ -201,14 +193,12 @@ class ModelClassBackend(Backend):
             await anyio.to_thread.run_sync(self.threads.start)
         token = devices.enter(self.api.name)  # modelserve.device() in the constructor and load() knows the API
         try:
-            available = constructor_arguments(self.api, self.root, self.metrics_client)
+            available = self.arguments()
             self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
             if self.spec.has_load:
                 await call_load(self.instance, self.label, self.spec.load_is_async, self.threads)
         except LoadError as exc:
-            from modelserve.compat.truss_cache import hint
-
-            said = hint(self.root or Path.cwd(), str(exc))
+            said = self.explain(exc)
             if said is None:
                 raise
             raise LoadError(f"{exc}; {said}") from exc.__cause__

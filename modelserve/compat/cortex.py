@@ -81,6 +81,20 @@ CONTAINER_KEYS = frozenset(
 )
 
 
+#: The names of Cortex's API file, in the order looked for.
+API_FILES = ("cortex.yaml", "cortex.yml")
+
+
+def detect(root: Path) -> bool:
+    """Whether a folder is a Cortex project (the entry of `modelserve.config.LAYOUTS`)."""
+    return any((root / name).is_file() for name in API_FILES)
+
+
+def load(root: Path) -> ProjectConfig:
+    path = next(root / name for name in API_FILES if (root / name).is_file())
+    return load_cortex_project(root, path)
+
+
 def load_cortex_project(root: Path, path: Path) -> ProjectConfig:
     """Read a cortex.yaml into modelserve's `ProjectConfig`; every problem is reported in one `ConfigError`."""
     try:

@@ -11,8 +11,9 @@ Requests: ``POST /<api>`` calls ``handle_post`` (or ``predict``), passing ``payl
 ``headers`` to the parameters it names (with ``server_side_batching``, lists of them, one item per request, and
 it returns a list); an AsyncAPI's job calls ``handle_async(payload, request_id)`` (``predict`` in 0.31). As in
 Cortex 0.19-0.35, a ``str`` result is sent as text/plain, ``bytes`` as application/octet-stream, a starlette
-Response as it is and anything else as JSON; a ``(result, callback)`` pair runs the callback after the answer
-is sent. ``handle_get``, ``handle_put``, ``handle_patch`` and ``handle_delete`` are not served: modelserve's
+Response as it is and anything else as JSON; a ``(result, callback)`` pair runs the callback once the answer is
+ready, without delaying it. The backend builds no response: a text answer is a `modelserve.codecs.Answer`, which
+the HTTP edge sends. ``handle_get``, ``handle_put``, ``handle_patch`` and ``handle_delete`` are not served: modelserve's
 route answers GET with the API's description and other methods with 405 (see docs/compatibility.md).
 
 A module (Cortex 0.11 ``predictor:``) has ``init(model_path, metadata)``, called once at start, and
@@ -24,19 +25,19 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
-from starlette.background import BackgroundTask, BackgroundTasks
-from starlette.responses import Response
 
-from modelserve import runtimes
+from modelserve import _threads, runtimes
 from modelserve.backends import Backend
 from modelserve.backends._children import Children
 from modelserve.batching import Batcher, BatchThreads
-from modelserve.codecs import encode_json
+from modelserve.codecs import Answer, encode_json
+from modelserve.config import CortexConfig
 from modelserve.context import current_request_id
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
@@ -46,7 +47,7 @@ from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 
 if TYPE_CHECKING:
-    from modelserve.config import ApiConfig, CortexConfig, ModelFileConfig
+    from modelserve.config import ApiConfig, ModelFileConfig
     from modelserve.metrics import ApiMetrics, MetricsClient
 
 #: The class names Cortex looked for, newest first, by handler type.
@@ -72,6 +73,10 @@ class CortexHandlerBackend(Backend):
     kind = "cortex_handler"
 
     def __init__(self, api: ApiConfig, root: Path | None, metrics_client: MetricsClient, api_metrics: ApiMetrics):
+        if api.cortex is None and api.model is not None:
+            # A model with a handler class in modelserve.yaml: a Cortex TensorFlow/ONNX handler whose client
+            # serves that model.
+            api = replace(api, model=None, cortex=CortexConfig(type=api.model.format, models={"": api.model}))
         assert api.cortex is not None and api.handler is not None
         self.api = api
         self.cortex: CortexConfig = api.cortex
@@ -381,20 +386,17 @@ def _batched_call(batcher: Batcher, wants: set[str], post: Any) -> Any:
 
 
 def _finisher(post: Any) -> Any:
-    """A realtime result as Cortex sent it, with post_predict (Cortex 0.19-0.31) run after it is sent."""
+    """A realtime result as Cortex sent it, with post_predict (Cortex 0.19-0.31) run once it is ready."""
     post_wants = set(select_kwargs(post, dict.fromkeys(("response", *REQUEST_ARGS)))) if post is not None else set()
 
     def finish(result: Any, value: Any, request: Any) -> Any:
         if post is None:
-            return as_cortex_response(result)
-        response = as_cortex_response(result, always=True)
+            return as_cortex_answer(result)
+        answer = as_cortex_answer(result, always=True)
         kwargs = _arguments(post_wants, value, request)
         if "response" in post_wants:
-            kwargs["response"] = response
-        tasks = BackgroundTasks([response.background] if response.background is not None else [])
-        tasks.add_task(post, **kwargs)
-        response.background = tasks
-        return response
+            kwargs["response"] = answer
+        return _then(answer, lambda: post(**kwargs))
 
     return finish
 
@@ -422,28 +424,55 @@ def _module_call(predict: Any, metadata: dict[str, Any], is_async: bool) -> Any:
     return lambda value, request: predict(value, metadata)
 
 
-def as_cortex_response(result: Any, always: bool = False) -> Any:
-    """A handler's result as Cortex 0.19-0.35 sent it: str as text/plain, and a (result, callback) pair's
-    callback run after the answer is sent. Other results are left to modelserve's encoding (JSON, bytes)
-    unless `always` asks for a Response."""
+def as_cortex_answer(result: Any, always: bool = False) -> Any:
+    """A handler's result as Cortex 0.19-0.35 sent it: a str as text/plain, and a (result, callback) pair's
+    callback run once the answer is ready. Other results are left to modelserve's encoding (JSON, bytes)
+    unless `always` asks for an `Answer` (post_predict is given one)."""
     callback = None
     if isinstance(result, tuple) and len(result) == 2 and callable(result[1]):
         result, callback = result
     if isinstance(result, str):
-        return Response(result, media_type="text/plain", background=_task(callback))
+        return _then(Answer(result.encode(), "text/plain; charset=utf-8"), callback)
     if callback is None and not always:
         return result
-    if isinstance(result, Response):
-        if callback is not None:
-            result.background = _task(callback)
-        return result
+    if _is_response(result):
+        return _then(result, callback)
     if isinstance(result, (bytes, bytearray)):
-        return Response(bytes(result), media_type="application/octet-stream", background=_task(callback))
-    return Response(encode_json(result), media_type="application/json", background=_task(callback))
+        return _then(Answer(bytes(result), "application/octet-stream"), callback)
+    return _then(Answer(encode_json(result), "application/json"), callback)
 
 
-def _task(callback: Any) -> BackgroundTask | None:
-    return BackgroundTask(callback) if callback is not None else None
+def _is_response(value: Any) -> bool:
+    """A Starlette Response that the handler built itself (sent as it is): told by its shape, since compat
+    imports no HTTP module."""
+    return callable(value) and hasattr(value, "background") and hasattr(value, "status_code")
+
+
+def _then(answer: Any, callback: Any) -> Any:
+    """`answer` with `callback` to run once it is ready: an `Answer`'s background, or after a handler's own
+    Response's background (Starlette awaits ``response.background()`` once the response is sent)."""
+    if callback is None:
+        return answer
+    if type(answer) is Answer:
+        answer.background.append(callback)
+    else:
+        answer.background = _After(answer.background, callback)
+    return answer
+
+
+class _After:
+    """A handler's Response's background (if any), then a Cortex callback, called in a worker thread."""
+
+    def __init__(self, first: Any, callback: Any) -> None:
+        self.first = first
+        self.callback = callback
+
+    async def __call__(self) -> None:
+        if self.first is not None:
+            await self.first()
+        outcome = await _threads.run_sync(self.callback)
+        if inspect.isawaitable(outcome):
+            await outcome
 
 
 # ----------------------------------------------------------------------------------------------------

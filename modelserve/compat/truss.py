@@ -1,7 +1,8 @@
 """Truss folders, served as they are: ``config.yaml`` + ``model/model.py`` (+ ``data/``, ``packages/``).
 
-`load_truss_project` turns a Truss folder into a one-API `ProjectConfig`; `read_truss_config` gives the same
-settings to an API of modelserve.yaml that says ``truss: config.yaml``. What each key of config.yaml becomes:
+`load_truss_project` turns a Truss folder into a one-API `ProjectConfig` (``detect`` and ``load``: the entry of
+`modelserve.config.LAYOUTS`); `apply_truss` gives the same settings (`read_truss_config`) to an API of
+modelserve.yaml that says ``truss: config.yaml``. What each key of config.yaml becomes:
 
 * ``model_name``: the API's name, made a URL segment (``basic truss`` is served at ``/basic-truss``, and at
   ``/`` as every single-API project); none: ``model``;
@@ -30,7 +31,15 @@ from typing import Any
 
 import yaml
 
-from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, outside_project, yaml_error
+from modelserve.config import (
+    ApiConfig,
+    HandlerConfig,
+    ProjectConfig,
+    _Problems,
+    _string,
+    outside_project,
+    yaml_error,
+)
 from modelserve.errors import ConfigError
 
 logger = logging.getLogger("modelserve")
@@ -225,3 +234,47 @@ def load_truss_project(root: Path) -> ProjectConfig:
         on_disconnect="notify",
     )
     return ProjectConfig(root=root, apis=[api])
+
+
+def apply_truss(api: ApiConfig, raw: dict[str, Any], where: str, root: Path, problems: _Problems) -> None:
+    """``truss: config.yaml`` in an API of modelserve.yaml: the API gets what a Truss folder would (config,
+    data_dir, secrets, packages); problems are added to the file's."""
+    path = problems.take(raw, "truss", _string, where)
+    if path is None:
+        return
+    try:
+        settings = read_truss_config(root, path)
+    except ConfigError as exc:
+        problems.add(where, f"key 'truss': {exc}")
+        return
+    log_not_applied(settings)
+    api.truss = path
+    if api.handler is None and "model" not in raw and "handler" not in raw:
+        api.handler = HandlerConfig(path=settings.handler_path, class_name=settings.class_name)
+    if api.handler is not None:
+        if api.handler.config:
+            problems.add(where, "give 'handler.config' or 'truss', not both ('truss' gives the whole config.yaml)")
+        api.handler.config = settings.config
+    if "max_concurrency" not in raw:
+        api.max_concurrency = settings.max_concurrency
+    api.data_dir, api.secrets = settings.data_dir, settings.secrets
+    api.env, api.python_path = settings.env, settings.python_path
+
+
+def detect(root: Path) -> bool:
+    """Whether a folder is a Truss: a config.yaml with a ``model/`` folder, or naming its own model folder or
+    server image."""
+    config = root / TRUSS_CONFIG
+    return config.is_file() and ((root / "model").is_dir() or _names_its_own_model(config))
+
+
+def _names_its_own_model(path: Path) -> bool:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and ("model_module_dir" in data or "docker_server" in data)
+
+
+def load(root: Path) -> ProjectConfig:
+    return load_truss_project(root)
