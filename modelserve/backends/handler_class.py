@@ -1,4 +1,7 @@
-"""A Cortex-style async Handler class: ``handle_async(payload, request_id)`` runs each background job."""
+"""An async Handler class: ``handle_async(payload, request_id)`` runs each background job.
+
+Its constructor may take what a Model class's may (`modelserve.backends.model_class.MODEL_ARGS`), by name.
+"""
 
 from __future__ import annotations
 
