@@ -156,7 +156,9 @@ async def test_the_timer_hears_no_stage_that_failed_or_never_ran(shape: str) -> 
 
 
 @pytest.mark.parametrize("kind", ["s", "a"])
-@pytest.mark.parametrize("error", [ValueError("bad value"), SystemExit(3), KeyboardInterrupt()])
+@pytest.mark.parametrize(
+    "error", [ValueError("bad value"), SystemExit(3), KeyboardInterrupt()], ids=lambda error: type(error).__name__
+)
 async def test_user_code_failing_is_a_user_code_error_naming_the_stage(kind: str, error: BaseException) -> None:
     ran: list[str] = []
 
@@ -173,7 +175,9 @@ async def test_user_code_failing_is_a_user_code_error_naming_the_stage(kind: str
 
 @pytest.mark.parametrize("kind", ["s", "a"])
 @pytest.mark.parametrize(
-    "answer", [BadRequest("no 'x' in the body"), HTTPException(418, "teapot"), RequestCancelled()], ids=type
+    "answer",
+    [BadRequest("no 'x' in the body"), HTTPException(418, "teapot"), RequestCancelled()],
+    ids=lambda answer: type(answer).__name__,
 )
 async def test_answers_raised_on_purpose_pass_through_as_they_are(kind: str, answer: Exception) -> None:
     def refuse(value: Any, request: Any) -> Any:

@@ -191,7 +191,11 @@ def ids(claimed: list[ClaimedJob]) -> list[str]:
 
 @pytest.mark.parametrize(
     ("backing", "durable", "shared", "polls"),
-    [("memory", False, False, False), ("sqlite", True, True, True), pytest.param("redis", True, True, True)],
+    [
+        ("memory", False, False, False),
+        ("sqlite", True, True, True),
+        pytest.param("redis", True, True, True, marks=pytest.mark.server),
+    ],
     indirect=["backing"],
 )
 async def test_each_store_declares_what_it_offers(
@@ -208,7 +212,7 @@ async def test_check_passes_for_a_store_that_opens(store: JobStore) -> None:
     store.check()
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.server)])
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_check_of_a_store_that_cannot_open_is_a_load_error(kind: str, tmp_path: Path) -> None:
     if kind == "sqlite":
         (tmp_path / "file").write_text("not a folder")
