@@ -20,8 +20,8 @@ from starlette.types import Receive, Scope, Send
 from modelserve.errors import NotFound, install_hint
 from modelserve.http._asgi import request_headers, send_body, send_json
 from modelserve.http.errors import send_error
-from modelserve.http.routing import Route
 from modelserve.http.openapi import document
+from modelserve.http.routing import Route
 from modelserve.server import ModelServer
 
 #: The files of Swagger UI the page loads, below ``/docs/``.
