@@ -17,8 +17,8 @@ connection at its first request, not at start. `missing(protocol)` finds out fir
   one set on ``app``, the ``cycle`` answers through its ``transport`` (replaced, as the lingering close does,
   and closed through it too), ``flow`` pauses and resumes reading, ``loop`` is the loop the request is started
   on, and (h11) ``conn`` says the body is still coming. The request's task is started on a stand-in loop that
-  keeps it and runs it by hand: no event loop runs, no socket is opened, nothing is logged; it takes well
-  under a millisecond, once per process.
+  keeps it and runs it by hand: no event loop runs, no socket is opened, nothing is logged; it takes about
+  a millisecond, once per process.
 
 What the probe does not exercise (the parser's own callbacks, which httptools documents) needs no check.
 """
