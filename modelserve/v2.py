@@ -106,12 +106,6 @@ class V2Inputs(dict[str, Any]):
         return inputs
 
 
-class V2Outputs(dict[str, Any]):
-    """A model file's outputs by name, for a V2 request (the run stage's answer when no hook applies)."""
-
-    __slots__ = ()
-
-
 # ------------------------------------------------------------------------------------------------
 # requests
 

@@ -1,11 +1,12 @@
-"""The Request that user code receives: its body is the one already read, and it tells a cancelled call."""
+"""The Request that user code receives on the realtime route (the exchange replays it): its body is the one
+already read, and it tells a cancelled call."""
 
 from __future__ import annotations
 
 import asyncio
 
 from modelserve.context import RequestContext
-from modelserve.http.realtime import _request_with_body
+from modelserve.http.exchange import replayed_request as _request_with_body
 
 SCOPE = {"type": "http", "method": "POST", "path": "/m", "headers": [], "query_string": b""}
 

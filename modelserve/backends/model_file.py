@@ -37,7 +37,6 @@ from modelserve.pipeline import Pipeline, Stage
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 from modelserve.schema import TypedValue, typed_value
-from modelserve.v2 import V2Inputs, V2Outputs
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig, ModelFileConfig
@@ -139,6 +138,11 @@ class ModelFileBackend(Backend):
     #: The types the hooks annotate (`modelserve.schema`): the body is validated into pre_inference's.
     input_type: TypedValue | None = None
     output_type: TypedValue | None = None
+    #: The tensor entry, once loaded: the model alone (no hooks), from arrays by input name to arrays by output
+    #: name, each input's dtype and shape already checked against the model's (only dimensions that inputs
+    #: share by name are checked here). A protocol whose values are the model's own tensors (V2) asks
+    #: `Api.call` to run it instead of `pipeline`.
+    tensors: Pipeline | None = None
 
     def __init__(
         self,
@@ -195,6 +199,8 @@ class ModelFileBackend(Backend):
             raise LoadError(f"{self.label}: {self.config.path}: {exc}") from None
         await anyio.to_thread.run_sync(self._warm_up, self.model)
         self.pipeline = self._build_pipeline()
+        run = Stage("run", self._run_stage(with_post=False, tensors=True), True, shared=True)
+        self.tensors = Pipeline([run], needs_inputs=True, needs_request=False, timer=self.api_metrics.stage_timer)
         if self.threads is not None:
             # The batch threads start off the loop, each warmed by a call with zeros: a GPU runtime builds
             # per-thread state on a thread's first call.
@@ -255,15 +261,17 @@ class ModelFileBackend(Backend):
             async def call_async(value: Any, request: Any) -> Any:
                 return await hook(value, signature, metadata)
 
-            return _skipped_by_v2(call_async)
+            return call_async
         adaptive = self.adaptive[name]
 
         async def call(value: Any, request: Any) -> Any:
             return await adaptive.call(hook, value, signature, metadata)
 
-        return _skipped_by_v2(call)
+        return call
 
-    def _run_stage(self, with_post: bool) -> Any:
+    def _run_stage(self, with_post: bool, tensors: bool = False) -> Any:
+        """The model's run: of the payload's values (converted to the model's inputs), or, for the tensor entry
+        (`tensors`), of arrays by input name, answered by output name."""
         model, converter = self.model, self.converter
         assert model is not None and converter is not None
         adaptive = self.adaptive["run"]
@@ -272,24 +280,25 @@ class ModelFileBackend(Backend):
         # TensorFlow's post_inference gets flat lists (Cortex's form); ONNX's gets the runtime's list as it is.
         for_hook = model.for_hook if type(model).for_hook is not LoadedModel.for_hook else None
         has_pre = "pre_inference" in self.hooks
-        batched = self._batched_run() if self.api.batching is not None else None
+        batched = None
+        if self.api.batching is not None:  # one batcher for both entries: their requests share its calls
+            batched = self.batcher.run if self.batcher is not None else self._batched_run()
 
-        v2_names = tuple(spec.name for spec in model.outputs)  # ONNX's outputs come as a list in this order
-        # A V2 request's tensors were checked against the model's metadata (names, exact datatypes, shapes) by
-        # `modelserve.v2.Signature`; the converter has one more check to make for inputs that share a named
-        # dimension, and none otherwise (2 us of a small model's 20).
-        named = [dim for spec in model.inputs for dim in spec.shape or () if isinstance(dim, str)]
-        v2_checked = len(named) == len(set(named))
+        names = tuple(spec.name for spec in model.outputs)  # ONNX's outputs come as a list in this order
+        # The tensor entry's arrays were checked against the model's inputs (names, exact dtypes, shapes); the
+        # converter has one more check to make for inputs that share a named dimension, and none otherwise
+        # (2 us of a small model's 20).
+        shared = [dim for spec in model.inputs for dim in spec.shape or () if isinstance(dim, str)]
+        checked = tensors and len(shared) == len(set(shared))
         several, first = len(model.inputs) > 1, model.inputs[0].name
 
         async def call(value: Any, request: Any) -> Any:
-            v2 = type(value) is V2Inputs
-            if isinstance(value, (bytes, bytearray)) and not has_pre:
+            if not tensors and isinstance(value, (bytes, bytearray)) and not has_pre:
                 raise BadRequest(
                     "expected a JSON body (Content-Type: application/json) keyed by the model's input names: "
                     + converter.expected()
                 )
-            feeds = value if v2 and v2_checked else converter(value)
+            feeds = value if checked else converter(value)
             if batched is not None:
                 prediction = await batched(feeds)
             else:
@@ -297,12 +306,8 @@ class ModelFileBackend(Backend):
                 prediction = adaptive.now(run, feeds, size=size)
                 if prediction is THREAD:
                     prediction = await adaptive.call(run, feeds, size=size)
-            if v2:
-                return (
-                    V2Outputs(prediction)
-                    if isinstance(prediction, dict)
-                    else V2Outputs(zip(v2_names, prediction, strict=True))
-                )
+            if tensors:
+                return prediction if isinstance(prediction, dict) else dict(zip(names, prediction, strict=True))
             if not with_post:
                 return as_response(prediction)
             return prediction if for_hook is None else for_hook(prediction)
@@ -372,23 +377,6 @@ class ModelFileBackend(Backend):
         if self.model is not None:
             self.model.close()
         await anyio.to_thread.run_sync(self.children.stop)
-
-
-# ------------------------------------------------------------------------------------------------
-# The Open Inference Protocol (modelserve.http.v2): a V2 request's tensors go straight to the model (the same
-# input checks, the same batcher) and its outputs come back by name; the hooks are not applied, since V2
-# clients send the model's tensors, not the payload the hooks were written for.
-
-
-def _skipped_by_v2(call: Any) -> Any:
-    """A hook stage that the values of a V2 request pass through."""
-
-    async def hook(value: Any, request: Any) -> Any:
-        if isinstance(value, (V2Inputs, V2Outputs)):
-            return value
-        return await call(value, request)
-
-    return hook
 
 
 def _size(feeds: dict[str, Any]) -> int:

@@ -28,16 +28,14 @@ from modelserve import project as project_module
 from modelserve.codecs import JSON_TYPE
 from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
 from modelserve.errors import ConfigError, ServiceUnavailable
+from modelserve.http import specs
 from modelserve.http._asgi import request_headers, send_body, send_json
 from modelserve.http.access import logged
 from modelserve.http.docs import docs_routes
 from modelserve.http.errors import render, send_error
 from modelserve.http.guard import Guard
-from modelserve.http.jobs import JobsEndpoint
-from modelserve.http.realtime import RealtimeEndpoint
 from modelserve.http.routing import Handler, Route, RouteTable, TableRoute
 from modelserve.http.streaming import quiet_aborts
-from modelserve.http.v2 import V2Model, v2_routes
 from modelserve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from modelserve.project import caller_dir, prepare_environment
 from modelserve.server import LoadErrorCallback, ModelServer
@@ -74,26 +72,10 @@ class ServerRoutes:
 
 
 def routes(server: ModelServer) -> list[Route]:
-    """The route table of a server: its APIs first (native routes, then V2's, as its ``protocols`` say), then
-    the server's own routes. Every handler writes an access line: the model calls their own, the others
-    wrapped here (`modelserve.http.access`)."""
-    table: list[Route] = []
-    single = len(server.apis) == 1
-    native = "native" in server.project.protocols
-    for api in server.apis.values() if native else ():
-        paths = [f"/{api.name}", "/"] if single else [f"/{api.name}"]
-        if api.config.kind == "async":
-            assert server.jobs is not None
-            jobs = JobsEndpoint(api, server.jobs)
-            for path in paths:
-                table.append(Route(path, {"GET": jobs.describe, "POST": jobs.submit}))
-            table.append(Route(f"/{api.name}/{{job_id}}", {"GET": jobs.show, "DELETE": jobs.cancel}))
-        else:
-            realtime = RealtimeEndpoint(api)
-            for path in paths:
-                table.append(Route(path, {"GET": realtime.get, "POST": realtime.post}))
-    if "v2" in server.project.protocols:
-        table += v2_routes(server)
+    """The route table of a server: its APIs' first, from the specs of the protocols its project serves
+    (`modelserve.http.specs`: native routes, then V2's), then the server's own routes. Every handler writes an
+    access line: the exchanges their own, at their end, the others wrapped here (`modelserve.http.access`)."""
+    table = specs.routes(server)
     own = ServerRoutes(server)
     table += [
         Route("/healthz", {"GET": own.healthz}),
@@ -106,15 +88,8 @@ def routes(server: ModelServer) -> list[Route]:
     return table
 
 
-#: The handlers that write their own access line: the model calls, at the end of the call, from what they hold
-#: (no wrapper on their path). Every other handler of the table is wrapped (`modelserve.http.access`).
-_WRITE_THEIR_OWN_LINE = frozenset(
-    {RealtimeEndpoint.post, JobsEndpoint.submit, JobsEndpoint.show, JobsEndpoint.cancel, V2Model.infer}
-)
-
-
 def _logged(handler: Handler) -> Handler:
-    if getattr(handler, "__func__", None) in _WRITE_THEIR_OWN_LINE:
+    if getattr(handler, "writes_access_line", False):  # an exchange's route (`exchange_route`)
         return handler
     api = getattr(getattr(handler, "__self__", None), "api", None)  # an API's endpoint holds it (as auth reads it)
     return logged(handler, api.name if api is not None else None)

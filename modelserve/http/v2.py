@@ -12,32 +12,31 @@ over `Api.call`.
     GET  /v2/models[/<api>[/versions/1]]/stats            the statistics extension (Triton's JSON)
     *    /v2/models/<anything else>                       Triton's "Request for unknown model: ..." (400)
 
-The paths are exact routes of the one route table, one set per API (the names are known at startup). The body
-is parsed by route, not by Content-Type (tritonclient's sync client sends none); the tensors are decoded by
-`modelserve.v2`. An inference is admitted, read, decoded and checked against the model's metadata (400s
-that name the tensor), then runs through `Api.call` like a native request: the same line and 503s, timeout
-(504), cancellation on disconnect, metrics and request id (``X-Request-ID``, else the request's ``id``).
-Every error answer is the error map's ``{"error": ..., "request_id": ...}``, which is the protocol's shape.
+The paths are exact routes of the one route table, one set per API (the names are known at startup). An
+inference is a spec over the exchange (`modelserve.http.exchange`): admitted, read, decompressed
+(Content-Encoding), decoded by `modelserve.v2` and checked against the model's metadata (400s that name the
+tensor), then run through `Api.call` like a native request: the same line and 503s, timeout (504),
+cancellation on disconnect, metrics, access line and request id (``X-Request-ID``, else the request's
+``id``). Every error answer is the error map's ``{"error": ..., "request_id": ...}``, which is the protocol's
+shape.
 
-ONNX and TensorFlow APIs take the tensors straight to the model (the hooks are not applied, see
-docs/v2.md); any other API's stages receive a `modelserve.v2.V2Inputs` mapping and return a mapping of
-outputs (or one value, the output ``output``).
+ONNX and TensorFlow APIs take the tensors straight to the model, through its tensor entry (the backend's
+`tensors` pipeline; the hooks are not applied, see docs/v2.md); any other API's stages receive a
+`modelserve.v2.V2Inputs` mapping and return a mapping of outputs (or one value, the output ``output``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 import zlib
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
-from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, DECODE_INLINE_MAX, JSON_TYPE
-from modelserve.context import RequestContext, current, new_request_id, sane_request_id
+from modelserve.context import RequestContext, sane_request_id
 from modelserve.errors import (
     BadRequest,
     ConfigError,
@@ -47,22 +46,18 @@ from modelserve.errors import (
     ServiceUnavailable,
     UserCodeError,
 )
-from modelserve.http._asgi import (
-    ARRIVED,
-    Disconnected,
-    check_length,
-    mark_refused,
-    read_body,
-    send_body,
-    send_json,
-)
+from modelserve.http._asgi import send_json
 from modelserve.http.errors import send_error
-from modelserve.http.realtime import _request_with_body
+from modelserve.http.exchange import Exchange, Head, digits, exchange_route
 from modelserve.http.routing import Route
-from modelserve.logs import access_writer
 from modelserve.server import ModelServer
-from modelserve.v2 import InferRequest, Signature, V2Outputs, declared, decode_request, encode_response, meta_of
+from modelserve.v2 import InferRequest, Signature, declared, decode_request, encode_response, meta_of
 from modelserve.v2 import outputs_of as class_outputs
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from modelserve.pipeline import Pipeline
 
 logger = logging.getLogger("modelserve")
 
@@ -114,29 +109,25 @@ def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:
     return data
 
 
-def _digits(text: str) -> bool:
-    """ASCII digits only, at most 18 (``str.isdigit`` takes '²' and every script's digits, which `int` refuses
-    or reads; 18 digits are beyond any body)."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
-
-
 def _header_length(text: str) -> int:
     text = text.strip()
-    if not _digits(text):
+    if not digits(text):
         raise BadRequest(
             f"Inference-Header-Content-Length must be a number of bytes in ASCII digits, got {text[:40]!r}"
         )
     return int(text)
 
 
-class V2Model:
-    """The V2 routes of one API: metadata, readiness and inference."""
+class V2Model(Exchange):
+    """The V2 routes of one API: metadata, readiness, statistics, and inference over the exchange."""
 
     def __init__(self, api: Api) -> None:
-        self.api = api
-        self.name = api.name
-        self.access_log = access_writer()
+        super().__init__(api)
+        self.call = self._infer
         self._signature: Signature | None = None
+        #: A model file's tensor entry (`ModelFileBackend.tensors`), once loaded: its tensors go straight to
+        #: the model, without the hooks, which were written for another payload than the model's tensors.
+        self._tensors: Pipeline | None = None
         # A Model class's declared tensors are checked now, with the rest of the user's code (a LoadError).
         self._declared = _declared_by_class(api)
 
@@ -149,6 +140,7 @@ class V2Model:
                 inputs = tuple(meta for meta in map(meta_of, model.inputs) if meta is not None)
                 outputs = tuple(meta for meta in map(meta_of, model.outputs) if meta is not None)
                 platform = PLATFORMS.get(model.format, model.format)
+                self._tensors = getattr(backend, "tensors", None)
                 self._signature = Signature(platform, inputs, outputs, text=True)
             else:
                 inputs, outputs = self._declared
@@ -174,86 +166,49 @@ class V2Model:
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"model_stats": [statistics(self.api)]}, sane_request_id(_headers(scope)[0]))
 
-    async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
-        header_id, content_length, header_length, encoding = _headers(scope)
-        ctx = RequestContext(self.name, sane_request_id(header_id) if header_id is not None else new_request_id())
-        token = current.set(ctx)
-        api = self.api
-        # One coroutine for the whole request, as on the native route.
-        try:
-            # Admission before work, as on the native route: a request that will be refused is refused unread.
-            limit = api.config.max_body_size
-            check_length(limit, content_length)
-            size = int(content_length) if content_length is not None and _digits(content_length) else 0
-            api.admit(size)
-            try:
-                signature = self._signature or self.signature()
-                body = await read_body(receive, limit, None)
-                if encoding is not None:
-                    body = _decompressed(body, encoding, limit)
-                fast = None
-                if header_length is None and len(body) <= DECODE_INLINE_MAX:
-                    fast = signature.fast_request(body)
-                if fast is not None:
-                    request = fast
-                else:
-                    header_size = None if header_length is None else _header_length(header_length)
-                    if len(body) > DECODE_INLINE_MAX:
-                        request = await _threads.run_sync(
-                            decode_request, body, header_size, signature.raw_input, signature.text
-                        )
-                    else:
-                        request = decode_request(body, header_size, signature.raw_input, signature.text)
-                    if header_id is None and request.id is not None:
-                        ctx.request_id = sane_request_id(request.id)
-                    signature.check(request)
-                pipeline = api.backend.pipeline
-                http_request = _request_with_body(scope, body, ctx) if pipeline.needs_request else None
-            except BaseException:
-                api.unadmit(size)
-                raise
-            result = await api.call(
-                request.inputs,
-                ctx,
-                request=http_request,
-                cancelled=Disconnected(receive, scope),
-                admitted=size,
-                since=scope.get(ARRIVED),
-            )
-            if isinstance(result, Stream):
-                await result.aclose()
-                result = _NotATensor("predict returned a stream, which the V2 protocol cannot carry")
-            body, json_length = self._encode(ctx, request, result)
-            if json_length is None:
-                await send_body(send, 200, body, JSON_TYPE, ctx.request_id)
-            else:
-                extra = [(b"inference-header-content-length", str(json_length).encode())]
-                await send_body(send, 200, body, BYTES_TYPE, ctx.request_id, extra)
-            status = 200
-        except asyncio.CancelledError:
-            # The server's shutdown cancelled us after its grace period (see RealtimeEndpoint.post).
-            logger.warning("api '%s': request %s stopped by the server's shutdown (503)", self.name, ctx.request_id)
-            try:
-                status = await send_error(send, ServiceUnavailable("the server is shutting down"), ctx.request_id)
-            except Exception:
-                status = 503
-        except Exception as exc:
-            mark_refused(scope, exc)
-            status = await send_error(send, exc, ctx.request_id)
-        finally:
-            current.reset(token)
-        seconds = time.perf_counter() - started
-        api.metrics.answered(status, seconds)
-        if self.access_log is not None:
-            self.access_log(scope, status, seconds, ctx.request_id, self.name)
+    @exchange_route
+    def infer(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        return self.exchange(scope, receive, send)
 
-    def _encode(self, ctx: RequestContext, request: InferRequest, result: Any) -> tuple[bytes, int | None]:
+    # the spec's part of an inference
+
+    @staticmethod
+    def read_head(scope: Scope) -> Head:
+        """The request id, Content-Length, and (X-Request-ID, Inference-Header-Content-Length,
+        Content-Encoding): the body is parsed by route, not by Content-Type (tritonclient's sync client sends
+        none)."""
+        header_id, content_length, header_length, encoding = _headers(scope)
+        return sane_request_id(header_id), None, content_length, (header_id, header_length, encoding)
+
+    def prepare(self, body: bytes, head: Head) -> bytes:
+        encoding = head[3][2]
+        return body if encoding is None else _decompressed(body, encoding, self.api.config.max_body_size)
+
+    def decode(self, body: bytes, head: Head, ctx: RequestContext) -> InferRequest:
+        """The request, checked against the model's metadata (400s that name the tensor)."""
+        header_id, header_length, _ = head[3]
+        signature = self._signature or self.signature()
+        if header_length is None and len(body) <= DECODE_INLINE_MAX:
+            fast = signature.fast_request(body)
+            if fast is not None:
+                return fast
+        header_size = None if header_length is None else _header_length(header_length)
+        request = decode_request(body, header_size, signature.raw_input, signature.text)
+        if header_id is None and request.id is not None:
+            ctx.request_id = sane_request_id(request.id)
+        signature.check(request)
+        return request
+
+    def _infer(self, decoded: InferRequest, ctx: RequestContext, **call: Any) -> Awaitable[Any]:
+        return self.api.call(decoded.inputs, ctx, pipeline=self._tensors, **call)
+
+    def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
         """The answer's body; a result V2 cannot carry (a stream, an object) is the user code's 500."""
+        if isinstance(result, Stream):
+            return partial(_refuse_stream, result)
+        request: InferRequest = value
         try:
-            if isinstance(result, _NotATensor):
-                raise result
-            outputs = result if type(result) is V2Outputs else class_outputs(result)
+            outputs = result if self._tensors is not None else class_outputs(result)
             if request.outputs is None and self._signature is not None and self._signature.outputs is not None:
                 # The declared outputs (a model file's tensors: not its ONNX sequences or maps), when named none.
                 declared = self._signature.outputs
@@ -266,11 +221,22 @@ class V2Model:
                         f"unknown output {', '.join(repr(n) for n in missing)}; the model returned "
                         f"{', '.join(repr(n) for n in outputs) or 'no outputs'}"
                     )
-            return encode_response(self.name, request, outputs)
+            body, json_length = encode_response(self.name, request, outputs)
         except TypeError as exc:
             error = UserCodeError("encoding the V2 answer", exc)
             log_user_error(self.name, ctx, error)
             raise error from None
+        if json_length is None:
+            return body, JSON_TYPE, None
+        return body, BYTES_TYPE, [(b"inference-header-content-length", str(json_length).encode())]
+
+
+async def _refuse_stream(stream: Stream, scope: Scope, receive: Receive, send: Send) -> int:
+    await stream.aclose()
+    refused = _NotATensor("predict returned a stream, which the V2 protocol cannot carry")
+    error = UserCodeError("encoding the V2 answer", refused)
+    log_user_error(stream.ctx.api, stream.ctx, error)
+    raise error
 
 
 class _NotATensor(TypeError):
@@ -380,7 +346,7 @@ class V2Server:
         await send_json(send, 200, answer, sane_request_id(_headers(scope)[0]))
 
 
-def v2_routes(server: ModelServer) -> list[Route]:
+def routes(server: ModelServer) -> list[Route]:
     """The V2 routes of a server: its own, then each realtime API's, with and without ``/versions/1``.
 
     Async APIs are not served over V2 (the protocol has no jobs)."""

@@ -1,0 +1,247 @@
+"""One HTTP exchange: the steps that every call of an API over HTTP shares, written once, around a spec.
+
+A spec is a wire protocol's part of a request (the realtime route in `modelserve.http.realtime`, V2's infer
+in `modelserve.http.v2`, the job routes in `modelserve.http.jobs`): which headers it reads (`read_head`),
+how the body becomes the value its API is called with (`decode`), and how the result becomes an answer
+(`encode`). A spec subclasses `Exchange`; the exchange does everything else, in one coroutine, in order:
+
+1. the headers and the request context (`modelserve.context.current`, which log lines and user code read);
+2. admission before the body: a declared length over ``max_body_size`` is a 413, and the API's line
+   (`Api.admit`) refuses a request that could not wait before a byte of its body is read;
+3. the body (`read_body`), decoded by the spec inline or, when longer than `DECODE_INLINE_MAX`, in a
+   worker thread; and a Starlette `Request` that replays it, when a stage of the API takes the request;
+4. the call: `Api.call`, cancelled when the client disconnects (`Disconnected`), counted from the moment
+   the transport first saw the request (`ARRIVED`);
+5. a value decoded from a large body freed a piece at a time in a worker thread, never on the loop;
+6. the answer: the spec's encoding sent whole, or the spec's own sender (a stream, a user's Response);
+7. any failure through the one error map (`modelserve.http.errors`), a refusal because the line was full
+   marked for the transport's pause (`mark_refused`), and a request that the server's shutdown stopped
+   answered with one JSON 503 (`SHUTTING_DOWN`) on every route;
+8. the API's metrics and the access line.
+
+A spec's routes (its module's ``routes(server)``, registered in `modelserve.http.specs`) run the exchange
+from a method marked `exchange_route`, whose function is the spec's own, so that the route table, the API
+keys and the OpenAPI document can tell the routes apart::
+
+    class Echo(Exchange):
+        def decode(self, body, head, ctx):
+            return body
+        def encode(self, result, value, head, ctx):
+            return result, BYTES_TYPE, None
+
+        @exchange_route
+        def post(self, scope, receive, send):
+            return self.exchange(scope, receive, send)
+
+The hooks are plain functions, never coroutines: the exchange is the request's only coroutine between the
+route table and `Api.call` (a coroutine more costs about 0.3 us, 3% of the whole request of a small model
+served in-process, `benchmarks/asgi_overhead.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from modelserve import _threads
+from modelserve.api import Api
+from modelserve.codecs import DECODE_INLINE_MAX, release_in_pieces
+from modelserve.context import RequestContext, current
+from modelserve.errors import ServiceUnavailable, StreamAborted
+from modelserve.http._asgi import (
+    ARRIVED,
+    CLOSE,
+    Disconnected,
+    check_length,
+    mark_refused,
+    read_body,
+    request_headers,
+    send_body,
+)
+from modelserve.http.errors import send_error
+from modelserve.logs import access_writer
+
+logger = logging.getLogger("modelserve")
+
+#: What a spec reads of a request's line and headers: (request id, content type, content length, the spec's
+#: own: the realtime route's Accept, V2's other headers, a job's id from the path).
+Head = tuple[str, "str | None", "str | None", Any]
+#: An answer that is not sent whole: sends itself, returns its status (a stream, a user's Response).
+Sender = Callable[[Scope, Receive, Send], Awaitable[int]]
+#: What `Exchange.encode` returns: (body, content type, more headers or None), sent with 200; or a `Sender`.
+Answer = "tuple[bytes, bytes, list[tuple[bytes, bytes]] | None] | Sender"
+
+#: The one answer to a request that the server's shutdown stopped after its grace period, on every route.
+SHUTTING_DOWN = "the server is shutting down; retry later"
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def exchange_route(method: _Method) -> _Method:
+    """Marks a spec's route method that runs the exchange: it writes its own access line, at the end of the
+    exchange, so the route table leaves it unwrapped (`modelserve.http.app`)."""
+    method.writes_access_line = True  # type: ignore[attr-defined]
+    return method
+
+
+def digits(text: str) -> bool:
+    """ASCII digits only, at most 18 (``str.isdigit`` takes '²' and every script's digits, which `int` refuses
+    or reads; 18 digits are beyond any body)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
+class Exchange:
+    """The shared steps of an HTTP request to one API; a spec subclasses it and fills in the hooks below."""
+
+    #: Decode every body (V2 checks each request against the model; a job's payload is checked when it is
+    #: submitted), or, when False, only when a stage takes the inputs: an API whose stages take the request
+    #: alone accepts any body on the realtime route.
+    always_decode = True
+    #: Bodies longer than this are decoded, and their values freed, in a worker thread.
+    inline_max = DECODE_INLINE_MAX
+    #: Undoes what the transport wrapped the body in before it is decoded (V2's Content-Encoding); None: nothing.
+    prepare: Callable[[bytes, Head], bytes] | None = None
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.name = api.name
+        self.access_log = access_writer()
+        #: Before the body is read: take a place in the API's line (or refuse, 503), and give it back when the
+        #: request will not call. A spec that does not call the API replaces them (the jobs' routes).
+        self.admit: Callable[[int], None] = api.admit
+        self.unadmit: Callable[[int], None] = api.unadmit
+        #: ``await call(value, ctx, request=, cancelled=, admitted=, since=)``: `Api.call` unless the spec says
+        #: otherwise (V2 asks it for a model file's tensor entry; a job is stored instead).
+        self.call: Callable[..., Awaitable[Any]] = api.call
+
+    # ------------------------------------------------------------------------------------------------
+    # the spec's part
+
+    #: The request id and the headers the spec reads, in one pass over them (by default the request id,
+    #: Content-Type, Content-Length and Accept).
+    read_head: Callable[[Scope], Head] = staticmethod(request_headers)
+
+    def decode(self, body: bytes, head: Head, ctx: RequestContext) -> Any:
+        """The value the API is called with; a 4xx (`modelserve.errors`) for a body the spec refuses. Runs in
+        a worker thread for a body longer than `inline_max`."""
+        raise NotImplementedError
+
+    def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
+        """The answer to `result` (`Answer`); `value` is what `decode` gave."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------------
+    # the exchange
+
+    async def exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one request (see the module's docstring for the steps)."""
+        started = time.perf_counter()
+        head = self.read_head(scope)
+        ctx = RequestContext(self.name, head[0])
+        token = current.set(ctx)
+        api = self.api
+        # One coroutine for the whole request, its error answers included: a frame less on every request.
+        try:
+            limit = api.config.max_body_size
+            length = head[2]
+            size = int(length) if length is not None and length.isdigit() and length.isascii() else 0
+            if size > limit:
+                check_length(limit, length)  # PayloadTooLarge, and the connection closed
+            try:
+                self.admit(size)
+            except ServiceUnavailable as exc:
+                if size > self.inline_max:
+                    exc.headers.update(CLOSE)  # rather than reading a large body only to drop it
+                raise
+            try:
+                body = await read_body(receive, limit, None)
+                if self.prepare is not None:
+                    body = self.prepare(body, head)
+                pipeline = api.backend.pipeline
+                value = None
+                if self.always_decode or pipeline.needs_inputs:
+                    if len(body) > self.inline_max:
+                        value = await _threads.run_sync(self.decode, body, head, ctx)
+                    else:
+                        value = self.decode(body, head, ctx)
+                request = replayed_request(scope, body, ctx) if pipeline.needs_request else None
+            except BaseException:
+                self.unadmit(size)
+                raise
+            result = await self.call(
+                value,
+                ctx,
+                request=request,
+                cancelled=Disconnected(receive, scope),
+                admitted=size,
+                since=scope.get(ARRIVED),
+            )
+            answer = self.encode(result, value, head, ctx)
+            if value is not None and len(body) > self.inline_max:
+                # A large value is freed in a worker thread, a piece at a time, rather than on the loop.
+                box, value = [value], None
+                _threads.submit(_release, box)
+            if type(answer) is tuple:
+                await send_body(send, 200, answer[0], answer[1], ctx.request_id, answer[2])
+                status = 200
+            else:
+                status = await answer(scope, receive, send)
+        except asyncio.CancelledError:
+            status = await self._stopped(send, ctx.request_id)
+        except StreamAborted:
+            raise  # the answer has begun: the server ends it without a clean end (logged once, in the stream)
+        except Exception as exc:
+            mark_refused(scope, exc)
+            status = await send_error(send, exc, ctx.request_id)
+        finally:
+            current.reset(token)
+        seconds = time.perf_counter() - started
+        api.metrics.answered(status, seconds)
+        if self.access_log is not None:
+            self.access_log(scope, status, seconds, ctx.request_id, self.name)
+
+    async def _stopped(self, send: Send, request_id: str) -> int:
+        """The server's shutdown cancelled the request after its grace period: answer a JSON 503 (the server's
+        own answer would be a plain-text 500) and end the request quietly."""
+        logger.warning("api '%s': request %s stopped by the server's shutdown (503)", self.name, request_id)
+        try:
+            return await send_error(send, ServiceUnavailable(SHUTTING_DOWN), request_id)
+        except Exception:  # the answer had begun, or the connection is gone
+            return 503
+
+
+def _release(box: list[Any]) -> None:
+    """In a worker thread: free the value in `box`, which holds the only reference the request had to it."""
+    release_in_pieces(box.pop())
+
+
+def replayed_request(scope: Scope, body: bytes, ctx: RequestContext) -> Request:
+    """A Starlette Request for user code: its receive replays the body already read, then reports a
+    disconnect once the call is cancelled (so ``await request.is_disconnected()`` tells the truth)."""
+    replayed = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal replayed
+        if ctx.cancelled:
+            return {"type": "http.disconnect"}
+        # A checkpoint before the body: Request.is_disconnected() looks without waiting (its cancel scope is
+        # cancelled before it awaits), so it is cancelled here instead of taking the body from request.body().
+        await asyncio.sleep(0)
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        while not ctx.cancelled:
+            await asyncio.sleep(_DISCONNECT_POLL)
+        return {"type": "http.disconnect"}
+
+    return Request(scope, receive)
+
+
+#: How often a user's own ``await request.receive()`` looks for the end of its call (is_disconnected never waits).
+_DISCONNECT_POLL = 0.05
