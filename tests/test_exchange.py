@@ -141,8 +141,8 @@ def test_a_request_stopped_by_the_shutdown_gets_one_answer_on_every_route(tmp_pa
     for name, sock in sockets.items():
         answer = read_http_answer(sock)
         sock.close()
-        head, body = answer.split(b"\r\n\r\n", 1)
-        assert head.startswith(b"HTTP/1.1 503 "), (name, answer)
+        status_line, body = answer.split(b"\r\n\r\n", 1)
+        assert status_line.startswith(b"HTTP/1.1 503 "), (name, answer)
         assert json.loads(body) == {"error": SHUTTING_DOWN, "request_id": f"stopped-{name}"}
     assert server.log.count("stopped by the server's shutdown (503)") == 3
     assert "Traceback" not in server.log
