@@ -588,6 +588,32 @@ def test_handlers_get_payload_query_params_and_headers_by_name_and_callbacks_run
     assert post.seen == [(b'{"echo":[1]}', 200, [1])]
 
 
+def test_a_handlers_own_response_is_sent_as_it_is_and_its_callback_runs_after(tmp_path: Path) -> None:
+    """A (Response, callback) pair: the handler's Response goes out unchanged (its own media type), and the
+    callback runs after it, through Starlette's background."""
+    from starlette.testclient import TestClient
+
+    import modelserve
+    from modelserve.project import import_file
+
+    root = write(
+        tmp_path,
+        {
+            "handler.py": "import threading\n\nfrom starlette.responses import Response\n\n"
+            "ran = threading.Event()\n\n\n" + HANDLER + "    def handle_post(self, payload):\n"
+            "        return Response('a,b\\n', media_type='text/csv'), ran.set\n",
+            "cortex.yaml": "- name: api\n  kind: RealtimeAPI\n  handler: {path: handler.py}\n",
+        },
+    )
+    app = modelserve.create_app(root)
+    with TestClient(app) as client:
+        client.portal.call(app.server.wait_loaded)
+        answer = client.post("/api", json={})
+        assert answer.status_code == 200, answer.text
+        assert answer.text == "a,b\n" and answer.headers["content-type"].startswith("text/csv")
+        assert import_file(root, "handler.py", "api").ran.wait(30)
+
+
 def test_cortex_internal_logger_is_modelserves_unless_a_real_one_is_installed(tmp_path: Path) -> None:
     fake = write(tmp_path / "site", {"cortex_internal/__init__.py": "", "cortex_internal/lib/__init__.py": ""})
     (fake / "cortex_internal" / "lib" / "log.py").write_text("logger = 'the real one'\n", encoding="utf-8")
