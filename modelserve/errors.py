@@ -27,6 +27,8 @@
     * `SecretNotFound` (also a `KeyError`): user code read a secret that is not declared, or set nowhere.
     * `BatchSizeMismatch` (also a `ValueError`): a batched call returned another number of results.
     * `MetricsError` (also a `ValueError`): user code asked for a metric that cannot exist.
+    * `CacheError`: a Truss ``model_cache`` or ``external_data`` entry that cannot be filled
+      (``python -m modelserve.compat.truss_cache`` prints it and exits 1).
 
 The HTTP edge turns an exception into an answer in one place (`modelserve.http.errors`); every other
 transport (the async jobs worker) reads the same attributes.
@@ -236,3 +238,7 @@ class BatchSizeMismatch(ModelserveError, ValueError):
 
 class MetricsError(ModelserveError, ValueError):
     """User code asked for a metric that cannot exist (bad name, reserved name, label keys changed)."""
+
+
+class CacheError(ModelserveError):
+    """A Truss ``model_cache`` or ``external_data`` entry that cannot be filled; the message says why."""

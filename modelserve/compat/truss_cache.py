@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from modelserve.errors import install_hint
+from modelserve.errors import CacheError, install_hint
 
 #: Where Baseten puts model_cache volumes, and the truss's data folder (truss/base/constants.py).
 MODEL_CACHE_PATH = Path("/app/model_cache")
@@ -40,10 +40,6 @@ APP_DATA_PATH = Path("/app/data")
 CACHE_ENV = "MODELSERVE_TRUSS_CACHE"
 COMMAND = "python -m modelserve.compat.truss_cache"
 INSTALL_HINT = f"huggingface_hub is needed to fill a Truss model_cache: {install_hint('truss-cache')}"
-
-
-class CacheError(Exception):
-    """A model_cache or external_data entry that cannot be filled; the message says why."""
 
 
 @dataclass
