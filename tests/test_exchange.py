@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.types import Receive, Scope, Send
 
 import modelserve
 from modelserve.codecs import TEXT_TYPE
@@ -43,9 +42,7 @@ class Shout(Exchange):
     def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
         return result["text"].upper().encode(), TEXT_TYPE, [(b"x-shout", b"yes")]
 
-    @exchange_route
-    def post(self, scope: Scope, receive: Receive, send: Send) -> Any:
-        return self.exchange(scope, receive, send)
+    post = exchange_route()
 
 
 async def shout(**options: Any) -> tuple[list[httpx.Response], Any]:

@@ -89,7 +89,7 @@ def routes(server: ModelServer) -> list[Route]:
 
 
 def _logged(handler: Handler) -> Handler:
-    if getattr(handler, "writes_access_line", False):  # an exchange's route (`exchange_route`)
+    if getattr(handler, "writes_access_line", False):  # an exchange's route (`modelserve.http.exchange`)
         return handler
     api = getattr(getattr(handler, "__self__", None), "api", None)  # an API's endpoint holds it (as auth reads it)
     return logged(handler, api.name if api is not None else None)

@@ -18,7 +18,7 @@ from modelserve.api import Api
 from modelserve.codecs import JSON_TYPE
 from modelserve.context import RequestContext
 from modelserve.http._asgi import request_headers, send_json
-from modelserve.http.exchange import Exchange, Head, exchange_route
+from modelserve.http.exchange import Exchange, Head, writes_access_line
 from modelserve.http.routing import Route
 from modelserve.jobs.service import Jobs
 
@@ -96,15 +96,15 @@ class JobsEndpoint:
     async def describe(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, self.jobs.describe(self.api), request_headers(scope)[0])
 
-    @exchange_route
+    @writes_access_line
     def submit(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         return self._submit.exchange(scope, receive, send)
 
-    @exchange_route
+    @writes_access_line
     def show(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         return self._show.exchange(scope, receive, send)
 
-    @exchange_route
+    @writes_access_line
     def cancel(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         return self._cancel.exchange(scope, receive, send)
 

@@ -24,8 +24,6 @@ from modelserve.http.routing import Route
 from modelserve.http.streaming import send_stream
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
-
     from modelserve.server import ModelServer
 
 
@@ -37,9 +35,7 @@ class RealtimeEndpoint(Exchange):
     async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, self.api.describe(), request_headers(scope)[0])
 
-    @exchange_route
-    def post(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        return self.exchange(scope, receive, send)
+    post = exchange_route()
 
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> Any:
         return decode_payload(head[1], body)

@@ -166,9 +166,7 @@ class V2Model(Exchange):
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"model_stats": [statistics(self.api)]}, sane_request_id(_headers(scope)[0]))
 
-    @exchange_route
-    def infer(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        return self.exchange(scope, receive, send)
+    infer = exchange_route()
 
     # the spec's part of an inference
 
