@@ -111,7 +111,11 @@ def exchange_route() -> Callable[[Any, Scope, Receive, Send], Coroutine[Any, Any
     method that returns ``self.exchange(...)`` costs a call more: about 0.5% of a small model's request
     served in-process, `benchmarks/asgi_overhead.py`)."""
     run = Exchange.exchange
-    route = types.FunctionType(run.__code__, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
+    # A code object of its own too: Python 3.11 keeps what it learns while running a function (the types of
+    # `self` and of the attributes it reads) in its code object, which routes of two specs would take from each
+    # other on every request.
+    code = run.__code__.replace()
+    route = types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
     route.__doc__ = run.__doc__
     return writes_access_line(route)
 
