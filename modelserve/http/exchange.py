@@ -202,7 +202,7 @@ class Exchange:
                     body = self.prepare(body, head)
                 pipeline = api.backend.pipeline
                 value = None
-                if self.always_decode or pipeline.needs_inputs:
+                if pipeline.needs_inputs or self.always_decode:
                     decode = self.decode
                     if len(body) > self.inline_max:
                         if decode is None:
