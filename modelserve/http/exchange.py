@@ -84,12 +84,12 @@ logger = logging.getLogger("modelserve")
 
 #: What a spec reads of a request's line and headers: (request id, content type, content length, the spec's
 #: own: the realtime route's Accept, V2's other headers, a job's id from the path).
-Head = tuple[str, "str | None", "str | None", Any]
+Head = tuple[str, str | None, str | None, Any]
 #: An answer that is not sent whole: sends itself, returns its status (a stream, a user's Response).
 Sender = Callable[[Scope, Receive, Send], Awaitable[int]]
 #: What `Exchange.encode` returns: (body, content type, more headers or None), sent with 200; a JSON body alone
 #: (bytes); or a `Sender`.
-Answer = "bytes | tuple[bytes, bytes, list[tuple[bytes, bytes]] | None] | Sender"
+Answer = bytes | tuple[bytes, bytes, list[tuple[bytes, bytes]] | None] | Sender
 
 #: The one answer to a request that the server's shutdown stopped after its grace period, on every route.
 SHUTTING_DOWN = "the server is shutting down; retry later"
@@ -118,12 +118,6 @@ def exchange_route() -> Callable[[Any, Scope, Receive, Send], Coroutine[Any, Any
     route = types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
     route.__doc__ = run.__doc__
     return writes_access_line(route)
-
-
-def digits(text: str) -> bool:
-    """ASCII digits only, at most 18 (``str.isdigit`` takes '²' and every script's digits, which `int` refuses
-    or reads; 18 digits are beyond any body)."""
-    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 class Exchange:
@@ -186,7 +180,7 @@ class Exchange:
         try:
             limit = api.config.max_body_size
             length = head[2]
-            # ASCII digits: the server's HTTP parser refuses any other Content-Length (see `digits`).
+            # The server's HTTP parser refuses a Content-Length of anything but ASCII digits.
             size = int(length) if length is not None and length.isdigit() else 0
             if size > limit:
                 check_length(limit, length)  # PayloadTooLarge, and the connection closed

@@ -48,7 +48,7 @@ from modelserve.errors import (
 )
 from modelserve.http._asgi import send_json
 from modelserve.http.errors import send_error
-from modelserve.http.exchange import Exchange, Head, digits, exchange_route
+from modelserve.http.exchange import Exchange, Head, exchange_route
 from modelserve.http.routing import Route
 from modelserve.server import ModelServer
 from modelserve.v2 import InferRequest, Signature, declared, decode_request, encode_response, meta_of
@@ -109,9 +109,15 @@ def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:
     return data
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only, at most 18 (``str.isdigit`` takes '²' and every script's digits, which `int` refuses
+    or reads; 18 digits are beyond any body)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def _header_length(text: str) -> int:
     text = text.strip()
-    if not digits(text):
+    if not _digits(text):
         raise BadRequest(
             f"Inference-Header-Content-Length must be a number of bytes in ASCII digits, got {text[:40]!r}"
         )
