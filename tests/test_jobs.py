@@ -42,6 +42,9 @@ class Handler:
                     return {"value": object()}
                 if "sleep" in payload:
                     await asyncio.sleep(payload["sleep"])
+                if "gate" in payload:  # runs until the test makes the file
+                    while not os.path.exists(payload["gate"]):
+                        await asyncio.sleep(0.01)
             if isinstance(payload, bytes):
                 payload = payload.hex()
             return {"type": type(payload).__name__, "payload": payload, "request_id": request_id}
@@ -382,10 +385,16 @@ def test_queued_jobs_survive_a_restart(
         (root / "modelserve.yaml").write_text(f"jobs: {{prefix: {tmp_path.name}}}\n" + CONFIG)
     first = start_server(root, *args)
     first.wait_ready()
-    running = submit(first.url, {"sleep": 0.5}).json()["id"]
+    running = submit(first.url, {"gate": "go"}).json()["id"]
     wait_status(first.url, running, {"in_progress"})
     queued = [submit(first.url, {"n": n}).json()["id"] for n in range(3)]
-    assert first.stop() == 0  # the running job finishes within the grace period
+    first.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60  # bounds a failing test; a passing one waits for the line alone
+    while "waiting up to" not in first.log:  # the workers claim no more jobs
+        assert time.monotonic() < deadline and first.process.poll() is None, first.log
+        time.sleep(0.02)
+    (root / "go").touch()  # the running job ends within the grace period
+    assert first.stop() == 0
     assert "3 queued job(s) stay in the" in first.log
     second = start_server(root, *args)
     second.wait_ready()
