@@ -194,8 +194,9 @@ class Answer:
     """A result whose body is already encoded: what a backend returns when its user code's contract decides
     how a value is sent (Cortex sends a str as text/plain), so that no backend builds an HTTP response.
 
-    `background` runs once the answer is encoded, in a worker thread, without delaying it (Cortex's
-    ``(result, callback)`` and ``post_predict``). The attribute names are a Starlette ``Response``'s, since
+    `background` runs in a worker thread once the answer is sent (Cortex's ``(result, callback)`` and
+    ``post_predict``): the HTTP exchange calls `start_background` after the send; `encode_result`, for the
+    other callers (the jobs worker), once the body is encoded. The attribute names are a Starlette ``Response``'s, since
     Cortex's ``post_predict(response)`` reads them::
 
         Answer(b"setosa", "text/plain; charset=utf-8", background=[lambda: print("sent")])
@@ -210,6 +211,11 @@ class Answer:
     @property
     def headers(self) -> dict[str, str]:
         return {"content-type": self.media_type, "content-length": str(len(self.body))}
+
+    def start_background(self) -> None:
+        """Hand the callbacks to a worker thread, in order; the caller does not wait for them."""
+        if self.background:
+            _threads.submit(_run_background, self.background)
 
 
 def _run_background(callbacks: list[Callable[[], Any]]) -> None:
@@ -239,8 +245,7 @@ def encode_result(value: Any) -> tuple[bytes, bytes]:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), BYTES_TYPE
     if type(value) is Answer:
-        if value.background:
-            _threads.submit(_run_background, value.background)
+        value.start_background()
         return value.body, value.media_type.encode("latin-1")
     return encode_json(value), JSON_TYPE
 

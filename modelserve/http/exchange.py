@@ -64,6 +64,7 @@ from modelserve.codecs import (
     encode_result,
     release_in_pieces,
 )
+from modelserve.codecs import Answer as Encoded
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import (
@@ -261,6 +262,8 @@ class Exchange:
             return partial(_send_stream, result, head[3])
         if isinstance(result, Response):
             return partial(_send_response, result, ctx.request_id)
+        if type(result) is Encoded:
+            return partial(_send_encoded, result, ctx.request_id)
         try:
             body, content_type = encode_result(result)
         except EncodeError as exc:
@@ -295,6 +298,13 @@ async def _send_response(response: Response, request_id: str, scope: Scope, rece
     response.headers["x-request-id"] = request_id
     await response(scope, receive, send)
     return response.status_code
+
+
+async def _send_encoded(encoded: Encoded, request_id: str, scope: Scope, receive: Receive, send: Send) -> int:
+    """A backend's encoded answer, then its callbacks (Cortex runs them after the response is sent)."""
+    await send_body(send, 200, encoded.body, encoded.media_type.encode("latin-1"), request_id)
+    encoded.start_background()
+    return 200
 
 
 def _release(box: list[Any]) -> None:
