@@ -10,9 +10,11 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -90,6 +92,25 @@ def read_http_answer(sock: socket.socket) -> bytes:
         assert chunk, "the server closed the connection"
         data += chunk
     return data
+
+
+@contextlib.contextmanager
+def serve_in_thread(config: Any) -> Iterator[Any]:
+    """A real uvicorn server on `config` (a ``uvicorn.Config``), run in a thread of the test's process."""
+    import uvicorn
+
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def write_project(root: Path, files: dict[str, str]) -> Path:

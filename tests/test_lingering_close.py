@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 import modelserve
 from modelserve.http._protocol import LingeringH11Protocol, TransportConfig, TransportLimits
-from tests.conftest import free_port, read_http_answer, write_project
+from tests.conftest import free_port, read_http_answer, serve_in_thread, write_project
 
 PROJECT = {
     "modelserve.yaml": """
@@ -179,18 +178,8 @@ def in_process(protocol: str, limits: TransportLimits) -> Iterator[int]:
     port = free_port()
     settings: dict[str, Any] = {} if protocol == "httptools" else {"http": LingeringH11Protocol}
     config = TransportConfig(app, limits=limits, host="127.0.0.1", port=port, log_level="warning", **settings)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.01)
+    with serve_in_thread(config):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def send_until_closed(sock: socket.socket, limit: int) -> int:

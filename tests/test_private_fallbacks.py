@@ -11,10 +11,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,6 @@ import httpx
 import numpy as np
 import onnxruntime
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry, Histogram
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,7 +29,7 @@ from modelserve.http._protocol import LimitedHttpToolsProtocol, TransportConfig,
 from modelserve.http._uvicorn import HTTPTOOLS_METHODS, missing
 from modelserve.metrics import _Histogram
 from modelserve.runtimes.onnx import OnnxModel
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_in_thread
 from tests.models import iris_expected, iris_onnx
 
 ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
@@ -183,23 +179,6 @@ class Echo:
         return inputs
 
 
-@contextlib.contextmanager
-def serving(config: uvicorn.Config) -> Iterator[uvicorn.Server]:
-    """A real uvicorn server on `config`, in a thread."""
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.01)
-        yield server
-    finally:
-        server.should_exit = True
-        thread.join(30)
-
-
 class Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -230,7 +209,7 @@ def test_without_an_attribute_uvicorns_protocol_serves_after_one_warning(
     for lost in ("header size limit", "deadlines", "refusal pause", "lingering close", "two Host headers"):
         assert lost in message, message
     assert config.http is HttpToolsProtocol
-    with serving(config) as server:
+    with serve_in_thread(config) as server:
         assert server.config.http_protocol_class is HttpToolsProtocol
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             for body in ({"a": 1}, {"b": [1, 2]}):  # twice on one keep-alive connection
