@@ -21,7 +21,7 @@ from modelserve.context import RequestContext
 from modelserve.errors import ClientDisconnected, GatewayTimeout, QueueFull, ServiceUnavailable, UserCodeError
 from modelserve.limiter import Limiter
 from modelserve.server import ModelServer
-from modelserve.watch import LINGER, Watch, Watchdog
+from modelserve.watch import Watch, Watchdog
 
 pytestmark = pytest.mark.anyio
 
@@ -450,120 +450,8 @@ async def test_limiter_cancelled_waiter_leaves_the_line() -> None:
 # Watch and Watchdog
 
 
-async def watched(
-    seconds: float, *, timeout: float | None = None, cancelled: Any = None, notify: bool = False
-) -> tuple[RequestContext, Watch, bool]:
-    """Sleep `seconds` under a watch; (ctx, watch, whether the sleep was cancelled)."""
-    context = ctx()
-    watch = Watch(Watchdog(watch_after=0.01, tick=0.005), context, cancelled, timeout, notify)
-    try:
-        await asyncio.sleep(seconds)
-    except asyncio.CancelledError:
-        assert watch.fired
-        watch.absorb_cancel()
-        cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python >= 3.11
-        assert cancelling is None or cancelling() == 0  # absorbed: the task can go on to answer
-        return context, watch, True
-    finally:
-        watch.disarm()
-    return context, watch, False
-
-
-async def test_watch_cancels_at_the_deadline() -> None:
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    context, watch, cancelled = await within(watched(10, timeout=0.03))
-    assert cancelled and context.cancelled and context.reason == "timeout"
-    assert 0.03 <= loop.time() - started < 1
-
-
-@pytest.mark.parametrize(("reason", "expected"), [(True, "disconnect"), ("cancelled", "cancelled")])
-async def test_watch_cancels_when_the_cancelled_awaitable_completes(reason: Any, expected: str) -> None:
-    async def gone() -> Any:
-        await asyncio.sleep(0.05)
-        return reason
-
-    context, _, cancelled = await within(watched(10, cancelled=gone))
-    assert cancelled and context.reason == expected
-
-
-async def test_watch_disarmed_in_time_never_fires() -> None:
-    watchdog = Watchdog(watch_after=0.01, tick=0.005)
-    context = ctx()
-    called = asyncio.Event()
-
-    async def gone() -> str:
-        called.set()
-        return "disconnect"
-
-    watch = Watch(watchdog, context, gone, 0.02)
-    assert not watch.watching  # short calls start no watcher task
-    watch.disarm()
-    await asyncio.sleep(0.05)
-    assert not context.cancelled and not watch.fired
-    assert not called.is_set()
-    assert not watchdog.active
-
-
-class Subscribed:
-    """A `cancelled` whose transport calls back (modelserve.watch.Subscribable); `able`: whether it can."""
-
-    def __init__(self, able: bool) -> None:
-        self.able = able
-        self.callbacks: list[Any] = []
-        self.awaited = False
-
-    async def __call__(self) -> str:
-        self.awaited = True
-        await asyncio.Event().wait()
-        return "disconnect"
-
-    def subscribe(self, callback: Any) -> Any:
-        if not self.able:
-            return None
-        self.callbacks.append(callback)
-        return lambda: self.callbacks.remove(callback)
-
-
-async def test_a_transport_that_calls_back_is_subscribed_to_instead_of_awaited() -> None:
-    watchdog = Watchdog(watch_after=0.01, tick=0.005)
-    cancelled = Subscribed(able=True)
-    context = ctx()
-    task = asyncio.current_task()
-    assert task is not None
-    watch = Watch(watchdog, context, cancelled, None)
-    assert not cancelled.callbacks  # a short call subscribes to nothing
-    await asyncio.sleep(0.05)
-    assert watch.watching and len(cancelled.callbacks) == 1 and watch._watcher is None
-    cancelled.callbacks[0]()  # the connection is lost
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.sleep(1)
-    watch.absorb_cancel()
-    assert watch.fired and context.reason == "disconnect" and not cancelled.awaited
-
-    finished = Subscribed(able=True)
-    watch = Watch(watchdog, ctx(), finished, None)
-    await asyncio.sleep(0.05)
-    watch.disarm()  # the call ended first: the callback is taken back
-    assert not finished.callbacks and not watch.watching
-
-    unable = Subscribed(able=False)  # a transport that cannot tell: its awaitable is awaited, as before
-    watch = Watch(watchdog, ctx(), unable, None)
-    await asyncio.sleep(0.05)
-    assert watch._watcher is not None and unable.awaited
-    watch.disarm()
-
-
-async def test_watchdog_lingers_a_few_ticks_then_stops() -> None:
-    # One request at a time starts no timer per request; an idle server stops ticking.
-    watchdog = Watchdog(watch_after=0.01, tick=0.002)
-    Watch(watchdog, ctx(), None, None).disarm()
-    handle = watchdog._handle
-    assert handle is not None
-    await asyncio.sleep(0.005)
-    assert watchdog._handle is not None and watchdog._handle is not handle  # ticked, nothing in flight: goes on
-    await asyncio.sleep((LINGER + 10) * 0.002 + 0.05)
-    assert watchdog._handle is None
+# test_watch.py tests Watch and Watchdog on a virtual clock; what stays here is the bookkeeping of the
+# watchdog's two generations of calls, on the real loop.
 
 
 async def test_watchdog_passes_over_calls_it_has_looked_after_yet_still_expires_them() -> None:
@@ -574,40 +462,16 @@ async def test_watchdog_passes_over_calls_it_has_looked_after_yet_still_expires_
     gone = Watch(watchdog, ctx("gone"), None, 0.005)
     gone.disarm()  # the earliest deadline known is now stale: it must not hide the next one
     context = ctx("old")
-    watch = Watch(watchdog, context, never.wait, 0.08)
+    watch = Watch(watchdog, context, never.wait, 1.0)  # far beyond the first sleep, even on a busy machine
     assert watch in watchdog.young and watchdog.next_deadline == gone.deadline
     await asyncio.sleep(0.04)
     assert watch in watchdog.old and watch not in watchdog.young and watch.watching
     assert watchdog.next_deadline == watch.deadline  # recomputed from the calls still in flight
     young = Watch(watchdog, ctx("young"), never.wait, None)
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.sleep(1)  # the old call's deadline cancels this task
+        await asyncio.sleep(60)  # the old call's deadline cancels this task
     watch.absorb_cancel()
     assert watch.fired and context.reason == "timeout" and not young.fired
     assert watch not in watchdog.old and watchdog.next_deadline == float("inf")
     young.disarm()
     assert not watchdog.active
-
-
-async def test_watch_starts_watching_only_for_longer_calls() -> None:
-    watchdog = Watchdog(watch_after=0.02, tick=0.005)
-    never = asyncio.Event()
-    watch = Watch(watchdog, ctx(), never.wait, None)
-    assert not watch.watching
-    await asyncio.sleep(0.06)
-    assert watch.watching
-    watch.disarm()
-    assert not watch.watching and not watchdog.active
-    streamed = Watch(watchdog, ctx(), never.wait, None)
-    streamed.watch_now()  # a stream watches its client from the start
-    assert streamed.watching
-    streamed.disarm()
-
-
-async def test_watch_with_notify_tells_and_keeps_running_until_the_deadline() -> None:
-    async def gone() -> str:
-        return "disconnect"
-
-    context, watch, cancelled = await within(watched(0.06, cancelled=gone, notify=True))
-    assert not cancelled  # told, not cancelled
-    assert context.cancelled and context.reason == "disconnect" and watch.fired
