@@ -279,17 +279,16 @@ class SQLiteStore(JobStore):
 
     async def heartbeat(self, api: str, owner: str, job_ids: list[str]) -> set[str]:
         def renew(db: sqlite3.Connection) -> set[str]:
-            db.execute(
-                "UPDATE jobs SET lease_until = ? WHERE api = ? AND owner = ? AND status = ?",
-                (now() + LEASE_SECONDS, api, owner, IN_PROGRESS),
-            )
-            mine = {
-                row[0]
-                for row in db.execute(
-                    "SELECT id FROM jobs WHERE api = ? AND owner = ? AND status = ?", (api, owner, IN_PROGRESS)
+            until = now() + LEASE_SECONDS
+            lost = set()
+            for job_id in job_ids:  # only the listed jobs: an unlisted one's lease runs out
+                cursor = db.execute(
+                    "UPDATE jobs SET lease_until = ? WHERE api = ? AND id = ? AND owner = ? AND status = ?",
+                    (until, api, job_id, owner, IN_PROGRESS),
                 )
-            }
-            return {job_id for job_id in job_ids if job_id not in mine}
+                if cursor.rowcount == 0:
+                    lost.add(job_id)
+            return lost
 
         return await self._write(renew)
 
@@ -297,7 +296,7 @@ class SQLiteStore(JobStore):
         def requeue_expired(db: sqlite3.Connection) -> tuple[int, int]:
             moment = now()
             rows = db.execute(
-                "SELECT seq, attempts FROM jobs WHERE api = ? AND status = ? AND lease_until < ?",
+                "SELECT seq, attempts FROM jobs WHERE api = ? AND status = ? AND lease_until <= ?",
                 (api, IN_PROGRESS, moment),
             ).fetchall()
             requeued = failed = 0
