@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 
 
 class _Record:
-    __slots__ = ("id", "kind", "payload", "status", "owner", "attempts", "result", "error", "finished")
+    __slots__ = ("seq", "id", "kind", "payload", "status", "owner", "attempts", "result", "error", "finished")
 
-    def __init__(self, job: NewJob) -> None:
+    def __init__(self, seq: int, job: NewJob) -> None:
+        self.seq = seq  # submission order: the queue is kept in it
         self.id = job.id
         self.kind = job.kind
         self.payload: bytes | None = job.payload
@@ -52,6 +53,7 @@ class MemoryStore(JobStore):
         self._jobs: dict[str, dict[str, _Record]] = {}
         self._queues: dict[str, deque[_Record]] = {}
         self._expiry: list[tuple[float, str, str]] = []
+        self._submitted = 0
 
     def _table(self, api: str) -> dict[str, _Record]:
         table = self._jobs.get(api)
@@ -67,7 +69,8 @@ class MemoryStore(JobStore):
         queue = self._queues[job.api]
         if len(queue) >= max_queued:
             raise JobQueueFull(max_queued)
-        record = _Record(job)
+        self._submitted += 1
+        record = _Record(self._submitted, job)
         table[job.id] = record
         queue.append(record)
 
@@ -106,7 +109,10 @@ class MemoryStore(JobStore):
         if record is not None and record.status == IN_PROGRESS and record.owner == owner:
             record.status, record.owner = IN_QUEUE, None
             record.attempts -= 1
-            self._queues[api].appendleft(record)
+            # Back to its place in submission order; the jobs ahead of it are only the few other ones put back.
+            queue = self._queues[api]
+            place = next((n for n, queued in enumerate(queue) if queued.seq > record.seq), len(queue))
+            queue.insert(place, record)
 
     async def get(self, api: str, job_id: str) -> JobView | None:
         record = self._table(api).get(job_id)

@@ -2,8 +2,9 @@
 
 Keys (``P`` is the ``prefix`` of the ``jobs:`` block, ``A`` the API's name)::
 
-    P:A:job:<id>   a hash: status, kind, payload, attempts, owner, result, error, finished
-    P:A:queue      a list of queued job ids, oldest first
+    P:A:job:<id>   a hash: seq, status, kind, payload, attempts, owner, result, error, finished
+    P:A:queue      a list of queued job ids in submission order (by seq)
+    P:A:seq        the counter that numbers the API's submissions (a job's seq)
     P:A:running    a sorted set of running job ids, scored by the time their lease expires
 
 Every change is one Lua script, so claiming, finishing and cancelling are atomic across processes. An ended
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 SUBMIT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'duplicate' end
 if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[4]) then return 'full' end
-redis.call('HSET', KEYS[1], 'status', 'in_queue', 'kind', ARGV[2], 'payload', ARGV[3], 'attempts', 0)
+local seq = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[1], 'seq', seq, 'status', 'in_queue', 'kind', ARGV[2], 'payload', ARGV[3], 'attempts', 0)
 redis.call('RPUSH', KEYS[2], ARGV[1])
 return 'ok'
 """
@@ -69,13 +71,35 @@ redis.call('PEXPIRE', KEYS[1], ARGV[7])
 return 1
 """
 
+# A job put back goes to its place in submission order. The walk from the head is short: only the other jobs
+# put back (released, recovered) can be older than it. A job stored before seq existed counts as the oldest.
+# RELEASE and RECOVER call it; it is put in front of them when they are registered.
+REQUEUE = """
+local function requeue(queue, jobs, id)
+  local seq = tonumber(redis.call('HGET', jobs .. id, 'seq')) or 0
+  local n = 0
+  while true do
+    local other = redis.call('LINDEX', queue, n)
+    if not other then
+      redis.call('RPUSH', queue, id)
+      return
+    end
+    if (tonumber(redis.call('HGET', jobs .. other, 'seq')) or 0) > seq then
+      redis.call('LINSERT', queue, 'BEFORE', other, id)
+      return
+    end
+    n = n + 1
+  end
+end
+"""
+
 RELEASE = """
 local fields = redis.call('HMGET', KEYS[1], 'status', 'owner')
 if fields[1] == 'in_progress' and fields[2] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'status', 'in_queue')
   redis.call('HDEL', KEYS[1], 'owner')
   redis.call('HINCRBY', KEYS[1], 'attempts', -1)
-  redis.call('LPUSH', KEYS[2], ARGV[1])
+  requeue(KEYS[2], ARGV[3], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
 return 0
@@ -110,8 +134,7 @@ return lost
 RECOVER = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
 local requeued, failed = 0, 0
-for i = #ids, 1, -1 do
-  local id = ids[i]
+for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local key = ARGV[1] .. id
   local fields = redis.call('HMGET', key, 'status', 'attempts')
@@ -124,7 +147,7 @@ for i = #ids, 1, -1 do
     else
       redis.call('HSET', key, 'status', 'in_queue')
       redis.call('HDEL', key, 'owner')
-      redis.call('LPUSH', KEYS[2], id)
+      requeue(KEYS[2], ARGV[1], id)
       requeued = requeued + 1
     end
   end
@@ -189,10 +212,10 @@ class RedisStore(JobStore):
             "submit": SUBMIT,
             "claim": CLAIM,
             "finish": FINISH,
-            "release": RELEASE,
+            "release": REQUEUE + RELEASE,
             "cancel": CANCEL,
             "heartbeat": HEARTBEAT,
-            "recover": RECOVER,
+            "recover": REQUEUE + RECOVER,
         }
         self._scripts = {name: self._client.register_script(text) for name, text in scripts.items()}
 
@@ -216,12 +239,15 @@ class RedisStore(JobStore):
     def _running(self, api: str) -> str:
         return f"{self.prefix}:{api}:running"
 
+    def _seq(self, api: str) -> str:
+        return f"{self.prefix}:{api}:seq"
+
     # ---------------------------------------------------------------------------------------------
     # the interface
 
     async def submit(self, job: NewJob, max_queued: int) -> None:
         answer = await self._scripts["submit"](
-            keys=[self._job(job.api, job.id), self._queue(job.api)],
+            keys=[self._job(job.api, job.id), self._queue(job.api), self._seq(job.api)],
             args=[job.id, job.kind, job.payload, max_queued],
         )
         if answer == b"duplicate":
@@ -250,7 +276,8 @@ class RedisStore(JobStore):
 
     async def release(self, api: str, job_id: str, owner: str) -> None:
         await self._scripts["release"](
-            keys=[self._job(api, job_id), self._queue(api), self._running(api)], args=[job_id, owner]
+            keys=[self._job(api, job_id), self._queue(api), self._running(api)],
+            args=[job_id, owner, self._jobs(api)],
         )
 
     async def get(self, api: str, job_id: str) -> JobView | None:
