@@ -4,9 +4,14 @@ A job goes ``in_queue`` -> ``in_progress`` -> ``completed`` | ``failed``, or to 
 of the first two. The routes and the worker loop only talk to a `JobStore`; nothing assumes that the
 process that accepted a job is the one that runs it.
 
-A running job carries a *lease*: its owner (one process) renews it while the job runs. A lease that
-expires means its process died; the job is then put back in the queue once, and failed the second time
-(`MAX_ATTEMPTS`).
+The queue is in submission order: a claim takes the queued jobs that were submitted first. A job that goes
+back to the queue (`JobStore.release`, `JobStore.recover`) keeps its place, so it runs before every job
+submitted after it, whatever order the jobs went back in.
+
+A running job carries a *lease*: its owner (one process) renews it while the job runs. A lease ends
+`LEASE_SECONDS` after its last renewal and is expired from that moment on (at its end time, not after it).
+A lease that expired means its process died; the job is then put back in the queue once, and failed the
+second time (`MAX_ATTEMPTS`).
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ class JobStore:
         raise NotImplementedError
 
     async def claim(self, api: str, owner: str, limit: int = 1) -> list[ClaimedJob]:
-        """Take up to `limit` of the oldest queued jobs of `api` for `owner` (now in_progress, leased)."""
+        """Take up to `limit` of the first-submitted queued jobs of `api` for `owner` (now in_progress, leased)."""
         raise NotImplementedError
 
     async def finish(
@@ -124,7 +129,12 @@ class JobStore:
         raise NotImplementedError
 
     async def release(self, api: str, job_id: str, owner: str) -> None:
-        """Put a job `owner` could not finish (shutdown) back at the head of the queue, not counted as a try."""
+        """Put a job `owner` could not finish (shutdown) back in the queue, not counted as a try.
+
+        It goes back to its place in submission order: ahead of every job submitted after it. Released in any
+        order, jobs are claimed again in the order they were submitted (a worker stopping releases its jobs in
+        whatever order their tasks end; the submission order is the one every process agrees on).
+        """
         raise NotImplementedError
 
     async def get(self, api: str, job_id: str) -> JobView | None:
@@ -135,11 +145,18 @@ class JobStore:
         raise NotImplementedError
 
     async def heartbeat(self, api: str, owner: str, job_ids: list[str]) -> set[str]:
-        """Renew the leases of `owner`'s running jobs; the ids among them that are no longer its own."""
+        """Renew the leases of exactly the listed jobs that `owner` runs; the listed ids no longer its own.
+
+        A running job of `owner` that is not listed keeps the lease it had: the owner vouches for each job it
+        still runs, and a job it stopped listing is recovered when its lease ends, as if its process had died.
+        """
         raise NotImplementedError
 
     async def recover(self, api: str, ttl: float) -> tuple[int, int]:
         """Requeue jobs whose lease expired (their process died), or fail them the second time.
+
+        A lease is expired from its end time on: ``lease end <= now``. A requeued job keeps its place in
+        submission order, as a released one does.
 
         Returns (requeued, failed).
         """

@@ -9,12 +9,15 @@ The contract is read from `modelserve.jobs.base` (the docstrings of `JobStore` a
   concurrent claims never hand out one job twice.
 - finish: only the owner of a running job records its end, once; the record carries the result or the
   error and the time it ended.
-- release: the owner's running job goes back to the head of the queue, and that try does not count.
+- release: the owner's running job goes back to the queue at its place in submission order (ahead of every
+  job submitted after it, whatever order jobs were released in), and that try does not count.
 - cancel: a queued or running job is cancelled (its status before is returned); an ended one stays as it
   is; a cancelled running job is no longer its owner's (finish is refused, the heartbeat names it lost).
-- heartbeat: renews the owner's leases and names the ids that are no longer its own.
+- heartbeat: renews the leases of exactly the listed jobs the owner runs and names the ids that are no
+  longer its own; an unlisted job's lease runs out.
 - recover (stores that several processes share): a running job whose lease expired is put back in the
-  queue, and failed the second time (`MAX_ATTEMPTS`, `INTERRUPTED_TWICE`); a renewed lease is left alone.
+  queue at its place in submission order, and failed the second time (`MAX_ATTEMPTS`, `INTERRUPTED_TWICE`);
+  a renewed lease is left alone. A lease is expired at its end time (``end <= now``).
   A store of one process has no leases to lose: its running jobs are never requeued.
 - durable stores keep every job across a close and a reopen; another store object over the same data (a
   new process after a crash) recovers the dead owner's jobs.
@@ -399,6 +402,16 @@ async def test_a_released_job_goes_back_to_the_head_of_the_queue_without_countin
     assert again[0].attempts == 1
 
 
+@pytest.mark.parametrize("released", [["a", "b"], ["b", "a"]])
+async def test_released_jobs_are_claimed_again_in_submission_order(store: JobStore, released: list[str]) -> None:
+    """The order a stopping worker releases its jobs in is the order their tasks happen to end: not an order."""
+    await submit_all(store, "a", "b", "c")
+    assert ids(await store.claim(API, "o1", 2)) == ["a", "b"]
+    for job_id in released:
+        await store.release(API, job_id, "o1")
+    assert ids(await store.claim(API, "o2", 10)) == ["a", "b", "c"]
+
+
 async def test_a_release_by_a_stranger_or_a_second_time_changes_nothing(store: JobStore) -> None:
     await submit_all(store, "a", "b")
     await store.claim(API, "o1")
@@ -512,6 +525,40 @@ async def test_a_renewed_lease_is_not_recovered(store: JobStore, clock: Clock) -
     assert await status(store, "a") == IN_PROGRESS
     clock.advance(2)
     assert await store.recover(API, TTL) == (1, 0)
+
+
+@pytest.mark.parametrize("backing", SHARED, indirect=True)
+async def test_a_heartbeat_renews_only_the_listed_jobs(store: JobStore, clock: Clock) -> None:
+    """A job its owner no longer lists (its task lost) is not kept alive by the owner's other jobs."""
+    await submit_all(store, "listed", "unlisted")
+    await store.claim(API, "o1", 2)
+    clock.advance(LEASE_SECONDS - 1)
+    assert await store.heartbeat(API, "o1", ["listed"]) == set()
+    clock.advance(1)
+    assert await store.recover(API, TTL) == (1, 0)
+    assert [await status(store, "listed"), await status(store, "unlisted")] == [IN_PROGRESS, IN_QUEUE]
+
+
+@pytest.mark.parametrize("backing", SHARED, indirect=True)
+async def test_a_lease_is_expired_at_its_end_time(store: JobStore, clock: Clock) -> None:
+    await submit_all(store, "a")
+    await store.claim(API, "o1")
+    clock.advance(LEASE_SECONDS - 0.25)  # quarters add up exactly in binary: the clock lands on the lease end
+    assert await store.recover(API, TTL) == (0, 0)
+    clock.advance(0.25)
+    assert await store.recover(API, TTL) == (1, 0)
+    assert await status(store, "a") == IN_QUEUE
+
+
+@pytest.mark.parametrize("backing", SHARED, indirect=True)
+async def test_recovered_jobs_are_claimed_again_in_submission_order(store: JobStore, clock: Clock) -> None:
+    """Jobs claimed together expire together; their ids say nothing of their order ("b" came first here)."""
+    await submit_all(store, "b", "a")
+    await store.claim(API, "dead", 2)
+    await submit_all(store, "c")
+    clock.advance(LEASE_SECONDS + 1)
+    assert await store.recover(API, TTL) == (2, 0)
+    assert ids(await store.claim(API, "o1", 10)) == ["b", "a", "c"]
 
 
 @pytest.mark.parametrize("backing", SHARED, indirect=True)
