@@ -90,12 +90,15 @@ def curl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def wait_https(server: Any, ca: Path, timeout: float = 60) -> None:
+def wait_https(server: Any, ca: Path, timeout: float = 60, workers: int = 1) -> None:
+    """Wait until the server answers /readyz over HTTPS and each of its `workers` has loaded the API (the
+    kernel hands a connection to any worker, so one ready answer does not say the others are)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log}")
-        if curl("--cacert", str(ca), "-o", "/dev/null", "-w", "%{http_code}", server.url + "/readyz").stdout == "200":
+        ready = curl("--cacert", str(ca), "-o", "/dev/null", "-w", "%{http_code}", server.url + "/readyz").stdout
+        if ready == "200" and server.log.count("is ready (loaded in") >= workers:
             return
         time.sleep(0.1)
     raise TimeoutError(f"no HTTPS answer within {timeout} s:\n{server.log}")
@@ -118,7 +121,7 @@ def test_a_tls_server_answers_curl_with_the_ca(tmp_path: Path, start_server: Any
         env={"TEST_TLS_PASSWORD": PASSWORD},
     )
     server.url = server.url.replace("http://", "https://")
-    wait_https(server, ca)
+    wait_https(server, ca, workers=workers)
     pids = set()
     for _ in range(20 if workers > 1 else 1):
         answer = curl(
