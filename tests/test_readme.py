@@ -3,7 +3,7 @@ they show, the README stays a newcomer's page, and every page is reachable from 
 
 (Issue #16: the "Using it from Python" snippet failed; issue #28: the README's TLS curl sent a body the example
 refuses.) Snippets of one feature's page may be run by that feature's tests instead: docs/v2.md's tritonclient
-snippet by tests/test_v2.py.
+snippet by tests/http/test_v2.py.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def test_serve_runs_as_written(tmp_path: Path) -> None:
 
 def test_the_beyond_loopback_call_is_answered(start_server: Any) -> None:
     """The page's key, command line options and curl (the body examples/iris accepts), served over plain HTTP
-    here: TLS itself is tests/test_tls.py's."""
+    here: TLS itself is tests/http/test_tls.py's."""
     (commands,) = blocks(section(page("beyond-loopback.md"), "Configuration"), "bash")
     export, serve, curl = command_lines(commands)
     variable = re.fullmatch(r'export (\w+)="\$\(python -c (.+)\)"', export)

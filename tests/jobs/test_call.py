@@ -4,7 +4,7 @@ Through a real server: a job past its API's ``timeout`` and a job cancelled by `
 realtime request past its timeout or whose client left does (the same log lines, the same
 ``modelserve_requests_cancelled_total`` reasons), and a sync handler whose job was deleted keeps its
 concurrency slot until it returns. (The job documents themselves are covered for every store in
-test_jobs.py.)
+tests/jobs/test_routes.py.)
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from tests.models import save_model
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).parent / "data" / "cortex"
+DATA = Path(__file__).parents[1] / "data" / "cortex"
 
 #: Mean sepal length, sepal width, petal length, petal width of each species in Fisher's iris data: the stand-in
 #: models are nearest-centroid classifiers (score_k = x . mu_k - |mu_k|^2 / 2), so that they answer what the

@@ -1,6 +1,6 @@
 """Transport limits through a real server and raw sockets: header size, header and body deadlines, and a 413
 that closes the connection after dropping at most `LINGER_SIZE` of the rest of a chunked body (the lingering
-close, `tests/test_lingering_close.py`) instead of reading all of it. The limits reach the protocol through
+close, `tests/http/test_lingering_close.py`) instead of reading all of it. The limits reach the protocol through
 `TransportConfig`, in every worker of ``--workers``."""
 
 from __future__ import annotations

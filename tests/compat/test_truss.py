@@ -28,7 +28,7 @@ from modelserve.errors import ConfigError, LoadError
 from modelserve.logs import LibraryLevelFilter, add_user_code_dir
 from modelserve.secrets import Secrets
 
-DATA = Path(__file__).resolve().parent / "data" / "truss"
+DATA = Path(__file__).resolve().parents[1] / "data" / "truss"
 
 
 def post(server: Any, path: str, payload: Any = None, timeout: float = 10, **kwargs: Any) -> httpx.Response:

@@ -1,6 +1,6 @@
 """A V2 binary answer read by a real browser from another origin: headless Chromium loads a page whose script
 asks for a binary output, reads ``Inference-Header-Content-Length`` and ``X-Request-ID`` (exposed by default)
-and splits the answer into its JSON header and its tensor. Uses tests/test_browser.py's page server and loader
+and splits the answer into its JSON header and its tensor. Uses tests/http/test_browser.py's page server and loader
 (skipped with it when no Chromium is installed)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.conftest import write_project
-from tests.test_browser import load, serve_pages
+from tests.http.test_browser import load, serve_pages
 
 pytestmark = pytest.mark.slow
 

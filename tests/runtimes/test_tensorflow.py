@@ -161,7 +161,7 @@ def test_an_unknown_signature_key_fails_the_load_naming_the_signatures(project: 
 
 @pytest.mark.slow
 def test_the_example_answers_what_its_readme_says(start_server: Any) -> None:
-    from tests.test_onnx import readme_requests
+    from tests.runtimes.test_onnx import readme_requests
 
     example = REPO / "examples" / "iris-tensorflow"
     requests = readme_requests(example / "README.md")

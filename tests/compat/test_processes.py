@@ -26,7 +26,7 @@ from tests.stand_ins import TORCH, write
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).parent / "data" / "truss"
+DATA = Path(__file__).parents[1] / "data" / "truss"
 
 
 def children_of(pid: int) -> set[int]:

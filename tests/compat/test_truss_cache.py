@@ -27,7 +27,7 @@ from tests.stand_ins import TORCH, write
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).parent / "data" / "truss"
+DATA = Path(__file__).parents[1] / "data" / "truss"
 COMMAND = [sys.executable, "-m", "modelserve.compat.truss_cache"]
 
 #: The stand-in hub's repositories: {repo_id: {path: content}}, at any revision.
