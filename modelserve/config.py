@@ -31,6 +31,9 @@ MODEL_FORMATS = ("onnx", "tensorflow")
 ON_DISCONNECT = ("cancel", "notify")
 #: The wire protocols a project serves: modelserve's own routes, the Open Inference Protocol (``/v2/...``).
 PROTOCOLS = ("native", "v2")
+#: What an API's ``openai:`` serves it as (`modelserve.http.openai`): ``/v1/chat/completions``,
+#: ``/v1/completions`` or ``/v1/embeddings``, with the OpenAI envelope built around its predict.
+OPENAI_KINDS = ("chat", "completions", "embeddings")
 #: The methods a CORS policy may allow (Starlette's list); ``*`` allows them all.
 CORS_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "QUERY")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -146,6 +149,8 @@ class ApiConfig:
     devices: list[int] | str = "auto"
     #: What the API does, for its OpenAPI document (None: the class's docstring).
     description: str | None = None
+    #: Served at an OpenAI path too (`OPENAI_KINDS`: chat, completions, embeddings); None: not.
+    openai: str | None = None
 
     @property
     def backend(self) -> str:
@@ -440,6 +445,7 @@ _API_KEYS = {
     "secrets",
     "truss",
     "description",
+    "openai",
 }
 _HANDLER_KEYS = {"path", "class", "config"}
 _MODEL_KEYS = {
@@ -621,6 +627,9 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.on_disconnect = problems.take(raw, "on_disconnect", _choice(*ON_DISCONNECT), where, api.on_disconnect)
     api.devices = problems.take(raw, "devices", _devices, where, api.devices)
     api.description = problems.take(raw, "description", _string, where)
+    api.openai = problems.take(raw, "openai", _choice(*OPENAI_KINDS), where)
+    if api.openai is not None and api.kind != "realtime":
+        problems.add(where, "key 'openai' applies to realtime APIs (an OpenAI client waits for its answer)")
     return api
 
 
