@@ -19,22 +19,27 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from modelserve.jobs import STORE_CHOICES
+from modelserve.launch import (
+    ENV_SETTINGS,
+    EXIT_LOAD,
+    ignore_signal,
+    listen,
+    make_app,
+    settings_of,
+    ssl_settings,
+    warn_exposed,
+)
+from modelserve.logs import configure_logging
 
 EXIT_OK = 0
 EXIT_USAGE = 2
-EXIT_LOAD = 3
 EXIT_ADDRESS = 4
 DEFAULT_PORT = 8888
 DEFAULT_GRACE = 30.0
 SECONDS = "a number of seconds"
-
-# The worker processes of --workers and --reload import the app from this module; the parent passes its
-# settings through these variables.
-_ENV_SETTINGS = "MODELSERVE_CLI_SETTINGS"
 
 logger = logging.getLogger("modelserve")
 
@@ -208,217 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str, Any]:
-    """The logging setup of the server (ours, the user's and uvicorn's loggers), as a dictConfig.
-
-    ``text`` (the default) is for a person at a terminal; ``json`` makes every log line one JSON object
-    (see `modelserve.logs`). Errors and warnings go to stderr, access lines to stdout. modelserve writes
-    the access line of every request it answers itself, in both formats (with its duration and request id,
-    `modelserve.http.access`); uvicorn's access logger keeps only what modelserve did not answer. The root
-    logger gets `level` too, so that ``logging.info(...)`` in user code is written (with the request id and
-    API in both formats); libraries' loggers that nobody configured stay at WARNING
-    (`modelserve.logs.LibraryLevelFilter`).
-    """
-    level = level.upper()
-    json_mode = fmt == "json"
-    formatter = "modelserve.logs.JSONFormatter" if json_mode else "modelserve.logs.TextFormatter"
-    access_formatter = "modelserve.logs.JSONAccessFormatter" if json_mode else "modelserve.logs.TextFormatter"
-    handler = {
-        "class": "logging.StreamHandler",
-        "formatter": "default",
-        "filters": ["request"],
-        "stream": "ext://sys.stderr",
-    }
-    own_access = access_log
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "filters": {
-            "request": {"()": "modelserve.logs.RequestContextFilter"},
-            "outside_request": {"()": "modelserve.logs.OutsideRequestFilter"},
-            "libraries": {"()": "modelserve.logs.LibraryLevelFilter"},
-        },
-        "formatters": {"default": {"()": formatter}, "access": {"()": access_formatter}},
-        "handlers": {
-            "default": handler,
-            "access": {**handler, "formatter": "access", "stream": "ext://sys.stdout"},
-            "user": {**handler, "filters": ["request", "libraries"]},
-        },
-        "loggers": {
-            "modelserve": {"handlers": ["default"], "level": level, "propagate": False},
-            "modelserve.access": {
-                "handlers": ["access"],
-                # Enabled for INFO only when modelserve writes the access lines (see modelserve.logs.access_writer).
-                "level": level if own_access else "WARNING",
-                "propagate": False,
-            },
-            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
-            "uvicorn.error": {"level": level},
-            "uvicorn.access": {
-                "handlers": ["access"],
-                "level": level,
-                "propagate": False,
-                "filters": ["outside_request"] if own_access else [],
-            },
-        },
-        "root": {"handlers": ["user"], "level": level},
-    }
-
-
-def _settings(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
-    return {
-        "project_dir": str(Path(args.project_dir).resolve()),  # already absolute (`path`); links resolved
-        "base_url": base_url,
-        "jobs_store": args.jobs_store,
-        "workers": args.workers,
-        "reload": args.reload,
-        "graceful_timeout": args.graceful_timeout,
-        "host": args.host,
-        "api_key_env": args.api_key_env,
-        "cors_origins": args.cors_origin,
-        "docs": args.docs,
-    }
-
-
-def _make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
-    from modelserve.http import create_app
-
-    app = create_app(
-        settings["project_dir"],
-        base_url=settings["base_url"],
-        on_load_error=on_load_error,
-        jobs_store=settings["jobs_store"],
-        workers=settings["workers"],
-        host=settings["host"],
-        api_key_env=settings["api_key_env"],
-        cors_origins=settings["cors_origins"],
-        docs=settings.get("docs", True),
-    )
-    app.server.graceful_timeout = settings["graceful_timeout"]
-    app.server.tune_collector_after_load = True  # this process serves this project only
-    return app
-
-
-def worker_app() -> Any:
-    """App factory of the worker processes (``--workers`` > 1 and ``--reload``)."""
-    settings = json.loads(os.environ[_ENV_SETTINGS])
-
-    def stop_worker(exc: Exception) -> None:
-        if settings["reload"]:
-            return  # keep serving 503s with the error; the next saved change restarts the worker
-        logging.getLogger("modelserve").critical("worker %d stops (the error is above)", os.getpid())
-        logging.shutdown()
-        os._exit(EXIT_LOAD)
-
-    if not settings["reload"]:
-        return _make_app(settings, stop_worker)
-    try:
-        return _make_app(settings, stop_worker)
-    except Exception as exc:  # a saved mistake: answer 503 naming it until the next change reloads
-        from modelserve._reload import failed_app
-
-        return failed_app(exc)
-
-
-def _ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """uvicorn's TLS settings from ``--ssl-*``, checked by loading the certificate once (`ValueError` says why).
-
-    The paths are absolute already (`path`). A private key that users other than its owner may read gets a
-    warning naming the file and the ``chmod`` that fixes it.
-    """
-    if args.ssl_certfile is None:
-        if args.ssl_keyfile is not None or args.ssl_keyfile_password_env is not None:
-            raise ValueError("--ssl-keyfile and --ssl-keyfile-password-env need --ssl-certfile")
-        return {}
-    for option, file in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
-        if file is not None and not os.path.isfile(file):
-            reason = "is not a file" if os.path.exists(file) else "does not exist"
-            raise ValueError(f"{option}: {file} {reason}")
-    password = None
-    if args.ssl_keyfile_password_env is not None:
-        password = os.environ.get(args.ssl_keyfile_password_env)
-        if password is None:
-            raise ValueError(
-                f"--ssl-keyfile-password-env: the environment variable {args.ssl_keyfile_password_env} is not set"
-            )
-    import ssl
-
-    asked: list[bool] = []
-
-    def no_password() -> str:  # OpenSSL asks for a password only when the key is encrypted
-        asked.append(True)
-        return ""
-
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:  # an encrypted key without a password fails here, rather than OpenSSL prompting on the terminal
-        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile, password if password is not None else no_password)
-    except (OSError, ssl.SSLError) as exc:
-        if asked:
-            option, file = (
-                ("--ssl-keyfile", args.ssl_keyfile) if args.ssl_keyfile else ("--ssl-certfile", args.ssl_certfile)
-            )
-            raise ValueError(
-                f"{option}: the private key in {file} is encrypted; give its password with --ssl-keyfile-password-env"
-            ) from None
-        raise ValueError(f"cannot load the TLS certificate {args.ssl_certfile} and its key: {exc}") from None
-    _warn_readable_key(args.ssl_keyfile or args.ssl_certfile)
-    return {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile, "ssl_keyfile_password": password}
-
-
-def _warn_readable_key(file: str) -> None:
-    """Warn when users other than the owner of the private key's file may read it (or write it: mode & 0o077)."""
-    import shlex
-    import stat
-
-    mode = stat.S_IMODE(os.stat(file).st_mode)
-    if mode & 0o077:
-        logger.warning(
-            "the TLS private key %s is open to users other than its owner (mode %s); restrict it with: chmod 600 %s",
-            file,
-            oct(mode)[2:].zfill(4),
-            shlex.quote(file),
-        )
-
-
-def _warn_exposed(host: str, keys: bool, tls: bool) -> None:
-    """Say what a bind beyond loopback serves to the network (README: Serving beyond loopback)."""
-    from modelserve.http.guard import is_loopback
-
-    if is_loopback(host):
-        return
-    if not keys:
-        logger.warning(
-            "serving on %s without API keys: every API, job and /metrics is open to anyone who can reach the port "
-            "(see auth: in modelserve.yaml, or --api-key-env)",
-            host,
-        )
-    elif not tls:
-        logger.warning("serving on %s over plain HTTP: API keys cross the network in clear text", host)
-
-
-def _ignore_signal(signum: int, frame: Any) -> None:
-    return None
-
-
-def _listen(config: Any) -> Any:
-    """The server's socket, bound before any model loads; `OSError` names the address when it cannot be."""
-    try:
-        return config.bind_socket()
-    except SystemExit:  # uvicorn logged the OSError and exits; say which address, in our words
-        pass
-    import socket
-
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    try:
-        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        with socket.socket(family) as probe:
-            probe.bind((config.host, config.port))
-        reason = "it could not be bound"
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-    raise OSError(f"cannot listen on {host}:{config.port}: {reason}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -443,14 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from modelserve.errors import ConfigError, LoadError
 
     try:
-        ssl_kwargs = _ssl_settings(args)
+        ssl_kwargs = ssl_settings(args)
     except ValueError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     display_host = f"[{args.host}]" if ":" in args.host else args.host
     scheme = "https" if ssl_kwargs else "http"
     base_url = f"{scheme}://{display_host}:{args.port}"
-    settings = _settings(args, base_url)
+    settings = settings_of(args, base_url)
     multiprocess = args.workers > 1 or args.reload
     if args.workers > 1:
         # Every worker writes its metrics to files here, so that /metrics adds them all up.
@@ -468,14 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # mistakes give a clear message and an exit code before any worker starts.
     failures: list[Exception] = []
     try:
-        app = _make_app(settings, failures.append)
+        app = make_app(settings, failures.append)
     except ConfigError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except LoadError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_LOAD
-    _warn_exposed(args.host, app.server.project.auth is not None, bool(ssl_kwargs))
+    warn_exposed(args.host, app.server.project.auth is not None, bool(ssl_kwargs))
 
     import uvicorn
 
@@ -494,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not multiprocess:
         config = TransportConfig(app, limits=limits, **config_kwargs)
         try:
-            sock = _listen(config)
+            sock = listen(config)
         except OSError as exc:
             print(f"modelserve: error: {exc}", file=sys.stderr)
             return EXIT_ADDRESS
@@ -507,8 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.state.modelserve.on_load_error = stop
         # uvicorn re-raises the signal that stopped it once it has shut down; with these handlers in place
         # that re-raise is harmless and a clean SIGINT/SIGTERM shutdown exits 0.
-        signal.signal(signal.SIGTERM, _ignore_signal)
-        signal.signal(signal.SIGINT, _ignore_signal)
+        signal.signal(signal.SIGTERM, ignore_signal)
+        signal.signal(signal.SIGINT, ignore_signal)
         try:
             server.run(sockets=[sock])
         except KeyboardInterrupt:
@@ -521,13 +315,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK if server.started else EXIT_USAGE
 
     del app  # the parent only validated the project; the workers serve it
-    os.environ[_ENV_SETTINGS] = json.dumps(settings)
+    os.environ[ENV_SETTINGS] = json.dumps(settings)
     # Pickled into the workers, its limits and protocol class (checked here, once) with it.
     config = TransportConfig(
-        "modelserve.cli:worker_app", limits=limits, factory=True, workers=args.workers, **config_kwargs
+        "modelserve.launch:worker_app", limits=limits, factory=True, workers=args.workers, **config_kwargs
     )
     try:
-        sock = _listen(config)
+        sock = listen(config)
     except OSError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_ADDRESS

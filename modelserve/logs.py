@@ -304,3 +304,60 @@ def access_writer() -> AccessWriter | None:
         access.info(line, address or "-", method, path, version, status, seconds * 1000, extra=fields)
 
     return write
+
+
+def configure_logging(level: str, fmt: str, access_log: bool = True) -> dict[str, Any]:
+    """The logging setup of the server (ours, the user's and uvicorn's loggers), as a dictConfig.
+
+    ``text`` (the default) is for a person at a terminal; ``json`` makes every log line one JSON object
+    (see `modelserve.logs`). Errors and warnings go to stderr, access lines to stdout. modelserve writes
+    the access line of every request it answers itself, in both formats (with its duration and request id,
+    `modelserve.http.access`); uvicorn's access logger keeps only what modelserve did not answer. The root
+    logger gets `level` too, so that ``logging.info(...)`` in user code is written (with the request id and
+    API in both formats); libraries' loggers that nobody configured stay at WARNING
+    (`modelserve.logs.LibraryLevelFilter`).
+    """
+    level = level.upper()
+    json_mode = fmt == "json"
+    formatter = "modelserve.logs.JSONFormatter" if json_mode else "modelserve.logs.TextFormatter"
+    access_formatter = "modelserve.logs.JSONAccessFormatter" if json_mode else "modelserve.logs.TextFormatter"
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "default",
+        "filters": ["request"],
+        "stream": "ext://sys.stderr",
+    }
+    own_access = access_log
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {
+            "request": {"()": "modelserve.logs.RequestContextFilter"},
+            "outside_request": {"()": "modelserve.logs.OutsideRequestFilter"},
+            "libraries": {"()": "modelserve.logs.LibraryLevelFilter"},
+        },
+        "formatters": {"default": {"()": formatter}, "access": {"()": access_formatter}},
+        "handlers": {
+            "default": handler,
+            "access": {**handler, "formatter": "access", "stream": "ext://sys.stdout"},
+            "user": {**handler, "filters": ["request", "libraries"]},
+        },
+        "loggers": {
+            "modelserve": {"handlers": ["default"], "level": level, "propagate": False},
+            "modelserve.access": {
+                "handlers": ["access"],
+                # Enabled for INFO only when modelserve writes the access lines (see modelserve.logs.access_writer).
+                "level": level if own_access else "WARNING",
+                "propagate": False,
+            },
+            "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {
+                "handlers": ["access"],
+                "level": level,
+                "propagate": False,
+                "filters": ["outside_request"] if own_access else [],
+            },
+        },
+        "root": {"handlers": ["user"], "level": level},
+    }

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from modelserve import logger as user_logger
-from modelserve.cli import configure_logging
+from modelserve.logs import configure_logging
 from modelserve.context import RequestContext, current
 from modelserve.logs import MAX_LINE_BYTES, JSONFormatter, RequestContextFilter, TextFormatter
 from tests.conftest import write_project

@@ -185,7 +185,7 @@ def test_headers_still_arriving_past_the_limit_are_cut_off(server: Any) -> None:
 
 def test_the_limits_and_the_protocol_travel_with_the_config_to_the_workers() -> None:
     limits = TransportLimits(max_header_size=1000, header_timeout=2.0, linger_size=10)
-    config = TransportConfig("modelserve.cli:worker_app", limits=limits, factory=True, log_config=None)
+    config = TransportConfig("modelserve.launch:worker_app", limits=limits, factory=True, log_config=None)
     copy = pickle.loads(pickle.dumps(config))  # as uvicorn hands it to each worker process
     assert copy.transport_limits == limits
     assert copy.http is transport_protocol()
