@@ -1,9 +1,16 @@
-"""Worker threads for sync user code, handed over at once.
+"""Every way modelserve runs code in a worker thread: the one module to read for "where does this run?".
 
-``anyio.to_thread.run_sync`` first yields to the event loop (a checkpoint) and only then hands the call to a
-thread. On a busy server that yield waits behind every callback that is ready, several milliseconds under
-load (measured: 9 ms at the median with 64 connections posting 6 KB bodies), and a batched model sits idle
-for all of it. Here the call goes to a `ThreadPoolExecutor` at once and the caller awaits its future.
+- `run_sync`: a call in the process's pool, handed over at once (no loop turn first), in a copy of the
+  caller's context; `submit`: the same, nobody waiting.
+- `run_in_thread`: a request's sync code in the pool, holding the request's concurrency slot until the code
+  returns even when the request left first (a timeout, a disconnect).
+- `Adaptive`: one sync callable inline on the event loop while it is measured fast, else in a thread.
+- `BatchThreads`: a few threads of one API's own, warmed at load and kept for its life (a batched model's).
+
+Why not ``anyio.to_thread.run_sync``: it first yields to the event loop (a checkpoint) and only then hands the
+call to a thread. On a busy server that yield waits behind every callback that is ready, several milliseconds
+under load (measured: 9 ms at the median with 64 connections posting 6 KB bodies), and a batched model sits
+idle for all of it. Here the call goes to a `ThreadPoolExecutor` at once and the caller awaits its future.
 
 The pool is shared by the process (like anyio's default limiter, it caps the threads at `MAX_THREADS`).
 Its threads are not daemons: `shutdown` lets the idle ones go, so that a thread still alive afterwards is
@@ -14,10 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
 from typing import Any
+
+from modelserve import devices
+from modelserve.context import RequestContext, current
+from modelserve.errors import RequestCancelled
+
+logger = logging.getLogger("modelserve")
 
 #: At most this many sync calls run at once in the process (anyio's default is 40 too).
 MAX_THREADS = 40
@@ -73,3 +89,287 @@ def shutdown() -> None:
         executor, _executor = _executor, None
     if executor is not None:
         executor.shutdown(wait=False)
+
+
+async def run_in_thread(
+    fn: Callable[..., Any],
+    *args: Any,
+    ctx: RequestContext | None,
+    on_abandon: Callable[[], None] | None = None,
+) -> Any:
+    """Run a request's sync code `fn` in the pool.
+
+    If the request leaves while `fn` runs (timeout, disconnect), the call is abandoned but the thread keeps
+    the request's concurrency slot until `fn` returns; then it runs `on_abandon` and releases the slot.
+    """
+    if ctx is None:
+        return await run_sync(fn, *args)
+    loop = asyncio.get_running_loop()
+
+    def job() -> Any:
+        if not ctx.enter_thread():
+            raise RequestCancelled()
+        try:
+            return fn(*args)
+        finally:
+            if ctx.exit_thread():
+                try:
+                    if on_abandon is not None:
+                        on_abandon()
+                finally:
+                    loop.call_soon_threadsafe(ctx.release_slot)
+
+    return await run_sync(job, abandon_on_cancel=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Inline or in a worker thread, by the call's measured run time.
+#
+# A hop to a worker thread costs tens of microseconds, which is more than a small ONNX model takes to run: a
+# bare route calling ``session.run`` through ``run_in_threadpool`` serves only 0.5-0.75x the requests of the
+# same route calling it inline. But a call that runs inline blocks the event loop, and so every other request
+# of the server (``/healthz`` too), for as long as it runs.
+#
+# `Adaptive` keeps an estimate of a call's run time (an exponentially weighted moving average, updated after
+# every call wherever it ran, each measure clipped to `CLIP` times the estimate so that one call slowed by a
+# busy machine does not flip the decision) and runs the call inline while the estimate, scaled up for inputs
+# larger than usual, stays under a threshold (``inline_threshold_ms``, 1 ms by default); otherwise in a worker
+# thread. A call never measured goes to a thread. A threshold of 0 sends every call to a thread.
+
+#: Weight of the newest measure in the moving averages.
+ALPHA = 0.2
+#: A measure counts for at most this many times the estimate: one call slowed by the machine (the process
+#: descheduled, a garbage collection) does not send the next calls to a thread, while a model that really
+#: became slower crosses the threshold within a few calls (the estimate grows up to 1.6x per call).
+CLIP = 4.0
+#: An inline call this much slower than the threshold (and at least `BLOCKED_LOG_S`) is logged.
+BLOCKED_FACTOR = 20
+BLOCKED_LOG_S = 0.05
+
+#: What `Adaptive.now` returns for a call that must run in a worker thread.
+THREAD: Any = object()
+
+
+class Adaptive:
+    """Runs one sync callable inline while it is measured fast, else in a worker thread.
+
+    ::
+
+        run = Adaptive("run", threshold_s=0.001, label="api 'iris'")
+        result = await run.call(session_run, feeds, size=feeds_size)
+    """
+
+    __slots__ = (
+        "name",
+        "label",
+        "threshold",
+        "estimate",
+        "usual_size",
+        "inline_calls",
+        "thread_calls",
+        "threads",
+        "_warned",
+    )
+
+    def __init__(self, name: str, threshold_s: float, label: str = "") -> None:
+        self.name = name
+        self.label = label
+        self.threshold = threshold_s
+        #: Seconds per call (moving average); None until measured.
+        self.estimate: float | None = None
+        #: The usual size of a call's input (moving average), to scale the estimate for larger inputs.
+        self.usual_size = 1.0
+        self.inline_calls = 0
+        self.thread_calls = 0
+        #: Threads of its own for the calls that do not run inline (a batched model's); None: the process's pool.
+        self.threads: BatchThreads | None = None
+        self._warned = False
+
+    def seed(self, seconds: float, size: float = 1.0) -> None:
+        """Start from a measure taken elsewhere (a warm-up call at load)."""
+        self.estimate = seconds
+        self.usual_size = max(float(size), 1.0)
+
+    def predicted(self, size: float = 1.0) -> float:
+        """The expected run time of a call with an input of `size` elements."""
+        if self.estimate is None:
+            return float("inf")
+        usual = self.usual_size
+        return self.estimate * (size / usual) if size > usual else self.estimate
+
+    def inline(self, size: float = 1.0) -> bool:
+        return self.predicted(size) < self.threshold
+
+    def record(self, seconds: float, size: float = 1.0) -> None:
+        # Also called from worker threads: a lost update between two racing calls is harmless.
+        estimate = self.estimate
+        if estimate is None:
+            self.estimate = seconds
+        else:
+            self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
+        self.usual_size += ALPHA * (max(float(size), 1.0) - self.usual_size)
+
+    def now(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
+        """``fn(*args)`` inline when it is measured fast, else `THREAD` (then ``await call(...)``): a plain call on
+        the fast path, where awaiting `call` would cost a coroutine."""
+        # `inline` and `record`, written out: this runs on every request, where each method call counts.
+        estimate = self.estimate
+        if estimate is not None:
+            usual = self.usual_size
+            if (estimate * (size / usual) if size > usual else estimate) < self.threshold:
+                self.inline_calls += 1
+                started = perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    seconds = perf_counter() - started
+                    self.estimate = estimate + ALPHA * (min(seconds, CLIP * estimate) - estimate)
+                    self.usual_size = usual + ALPHA * ((size if size > 1.0 else 1.0) - usual)
+                    if seconds > BLOCKED_LOG_S and seconds > BLOCKED_FACTOR * self.threshold:
+                        self._blocked(seconds)
+        return THREAD
+
+    async def call(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
+        result = self.now(fn, *args, size=size)
+        if result is not THREAD:
+            return result
+        return await self.in_thread(fn, *args, size=size)
+
+    def in_thread(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Awaitable[Any]:
+        """``fn(*args)`` in a thread (the API's own, else the pool's for the current request), measured."""
+        self.thread_calls += 1
+        if self.threads is not None:
+            return self.threads.run_here(self._timed, fn, args, size)
+        return run_in_thread(self._timed, fn, args, size, ctx=current.get())
+
+    def _timed(self, fn: Callable[..., Any], args: tuple[Any, ...], size: float) -> Any:
+        started = perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.record(perf_counter() - started, size)
+
+    def _blocked(self, seconds: float) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        logger.warning(
+            "%s: %s took %.0f ms on the event loop, although earlier calls were faster than the inline "
+            "threshold of %.3g ms; it runs in a worker thread until it is measured fast again. If its run time "
+            "depends on the input's values, set inline_threshold_ms: 0 to always use a thread",
+            self.label,
+            self.name,
+            seconds * 1000,
+            self.threshold * 1000,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "estimate_ms": None if self.estimate is None else round(self.estimate * 1000, 4),
+            "inline": self.inline(),
+            "inline_calls": self.inline_calls,
+            "thread_calls": self.thread_calls,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Threads of one API's own.
+
+#: Receives a call's result or its exception, in the thread that ran it.
+Done = Callable[[Any, "BaseException | None"], None]
+
+
+class BatchThreads:
+    """The threads of one batched API: one per concurrency slot, started at load, alive as long as the API.
+
+    A GPU runtime builds per-thread state on a thread's first call (CUDA context binding, cuBLAS handles: 45 ms
+    at the median for BERT-base on an H100 against 6.8 ms on a warm thread), so a batch must never land on a
+    fresh thread of a shared pool. A small executor of its own rather than the process's pool: the model always
+    runs on the same few threads (warm per-thread runtime state), and a job costs a queue put and one
+    ``call_soon_threadsafe``, not a `concurrent.futures.Future` and a wrapped asyncio future. Daemon threads:
+    an idle one never holds up the process's exit; `close` lets them go.
+
+    ::
+
+        threads = BatchThreads("mlp", 1)
+        threads.start(warm=lambda: model.run(zeros))     # each thread runs `warm` once, before any batch
+        threads.submit(run_batch, items, done)           # done(results, error) is called in the thread
+    """
+
+    def __init__(self, name: str, count: int) -> None:
+        self.name = name
+        self.count = count
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Done] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        #: ``threading.get_ident()`` of each started thread.
+        self.idents: list[int] = []
+
+    def start(self, warm: Callable[[], Any] | None = None) -> None:
+        """Start the threads and wait until each has run `warm` (its exception is logged, not raised)."""
+        if self._threads:
+            return
+        ready = threading.Barrier(self.count + 1)
+        for index in range(self.count):
+            thread = threading.Thread(
+                target=self._work, args=(warm, ready), name=f"modelserve-batch-{self.name}-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        ready.wait()
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], done: Done) -> None:
+        """Run ``fn(*args)`` on one of the threads, then ``done(result, None)`` or ``done(None, exception)``."""
+        if not self._threads:
+            self.start()
+        self._jobs.put((fn, args, done))
+
+    def run_here(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        """``fn(*args)`` on one of the threads, as an awaitable of the running loop (for async callers)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(settle, result, error)
+
+        self.submit(fn, args, done)
+        return future
+
+    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier) -> None:
+        self.idents.append(threading.get_ident())
+        devices.enter(self.name)  # modelserve.device() in the batched predict: this API's device
+        try:
+            if warm is not None:
+                warm()
+        except Exception as exc:
+            logger.debug("batch thread of api '%s': warm-up failed (%r)", self.name, exc)
+        finally:
+            ready.wait()
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            fn, args, done = job
+            error: BaseException | None = None
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: B036 - user code's SystemExit fails its batch, not the thread
+                result, error = None, exc
+            try:
+                done(result, error)
+            except RuntimeError:  # the event loop is closed (the server stopped while the batch ran)
+                logger.debug("batch thread of api '%s': a batch ended after the event loop closed", self.name)
+            del job, fn, args, done, result, error  # nothing of a finished batch stays alive while the thread waits
+
+    def close(self) -> None:
+        """Let the threads end once the jobs already queued have run."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._threads = []

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from modelserve._frames import release_frames
+from modelserve._threads import run_in_thread
 from modelserve.backends import Backend
 from modelserve.config import ApiConfig
 from modelserve.context import RequestContext
@@ -44,7 +45,7 @@ from modelserve.errors import (
 )
 from modelserve.limiter import Limiter
 from modelserve.metrics import ApiMetrics
-from modelserve.pipeline import Pipeline, run_in_thread
+from modelserve.pipeline import Pipeline
 from modelserve.watch import Watch, Watchdog
 
 logger = logging.getLogger("modelserve")

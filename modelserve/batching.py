@@ -6,12 +6,11 @@ request. With ``max_wait_ms`` > 0 a partial batch may wait at most that long for
 
 A request cancelled while it waits leaves its batch; one cancelled during the call has its result dropped.
 
-Sync batched calls run on `BatchThreads`: threads of the API's own, one per concurrency slot, started at load
-and kept for the API's life. A GPU runtime builds per-thread state on a thread's first call (CUDA context
-binding, cuBLAS handles: 45 ms at the median for BERT-base on an H100 against 6.8 ms on a warm thread), so a
-batch must never land on a fresh thread of a shared pool. The hand-over costs no loop turn: the batch goes to
-its thread the moment `_dispatch` forms it, and the thread hands the results back with one
-``call_soon_threadsafe``.
+Sync batched calls run on `_threads.BatchThreads`: threads of the API's own, one per concurrency slot, started
+at load and kept for the API's life (warm per-thread runtime state). The hand-over costs no loop turn: the
+batch goes to its thread the moment `_dispatch` forms it, and the thread hands the results back with one
+``call_soon_threadsafe``. How a model file's tensors are stacked into one call and split back is
+`stacking.py`'s.
 
 What a request costs the event loop here: a queue entry and a future, and the wake-up when its batch ends
 (every future of a batch is settled in one callback, and a request's own failure, a `Failed` result, is raised
@@ -23,22 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import queue
-import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from modelserve import devices
+from modelserve._threads import BatchThreads
 from modelserve.context import current
 from modelserve.errors import BatchSizeMismatch
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from modelserve.config import BatchingConfig
-    from modelserve.runtimes._tensors import TensorSpec
 
 logger = logging.getLogger("modelserve")
 
@@ -46,102 +37,6 @@ logger = logging.getLogger("modelserve")
 BatchCall = Callable[[list[Any]], Awaitable[list[Any]]]
 #: The same, as sync code run on one of the API's `BatchThreads`.
 SyncBatchCall = Callable[[list[Any]], list[Any]]
-#: Receives a call's result or its exception, in the thread that ran it.
-_Done = Callable[[Any, "BaseException | None"], None]
-
-
-class BatchThreads:
-    """The threads of one batched API: one per concurrency slot, started at load, alive as long as the API.
-
-    A small executor of its own rather than the process's pool: the model always runs on the same few threads
-    (warm per-thread runtime state), and a job costs a queue put and one ``call_soon_threadsafe``, not a
-    `concurrent.futures.Future` and a wrapped asyncio future. Daemon threads: an idle one never holds up the
-    process's exit; `close` lets them go.
-
-    ::
-
-        threads = BatchThreads("mlp", 1)
-        threads.start(warm=lambda: model.run(zeros))     # each thread runs `warm` once, before any batch
-        threads.submit(run_batch, items, done)           # done(results, error) is called in the thread
-    """
-
-    def __init__(self, name: str, count: int) -> None:
-        self.name = name
-        self.count = count
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], _Done] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        #: ``threading.get_ident()`` of each started thread.
-        self.idents: list[int] = []
-
-    def start(self, warm: Callable[[], Any] | None = None) -> None:
-        """Start the threads and wait until each has run `warm` (its exception is logged, not raised)."""
-        if self._threads:
-            return
-        ready = threading.Barrier(self.count + 1)
-        for index in range(self.count):
-            thread = threading.Thread(
-                target=self._work, args=(warm, ready), name=f"modelserve-batch-{self.name}-{index}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
-        ready.wait()
-
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], done: _Done) -> None:
-        """Run ``fn(*args)`` on one of the threads, then ``done(result, None)`` or ``done(None, exception)``."""
-        if not self._threads:
-            self.start()
-        self._jobs.put((fn, args, done))
-
-    def run_here(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        """``fn(*args)`` on one of the threads, as an awaitable of the running loop (for async callers)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def settle(result: Any, error: BaseException | None) -> None:
-            if not future.done():
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(result)
-
-        def done(result: Any, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(settle, result, error)
-
-        self.submit(fn, args, done)
-        return future
-
-    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier) -> None:
-        self.idents.append(threading.get_ident())
-        devices.enter(self.name)  # modelserve.device() in the batched predict: this API's device
-        try:
-            if warm is not None:
-                warm()
-        except Exception as exc:
-            logger.debug("batch thread of api '%s': warm-up failed (%r)", self.name, exc)
-        finally:
-            ready.wait()
-        jobs = self._jobs
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            fn, args, done = job
-            error: BaseException | None = None
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # noqa: B036 - user code's SystemExit fails its batch, not the thread
-                result, error = None, exc
-            try:
-                done(result, error)
-            except RuntimeError:  # the event loop is closed (the server stopped while the batch ran)
-                logger.debug("batch thread of api '%s': a batch ended after the event loop closed", self.name)
-            del job, fn, args, done, result, error  # nothing of a finished batch stays alive while the thread waits
-
-    def close(self) -> None:
-        """Let the threads end once the jobs already queued have run."""
-        for _ in self._threads:
-            self._jobs.put(None)
-        self._threads = []
 
 
 def _context_of_no_request() -> contextvars.Context:
@@ -322,14 +217,6 @@ class Batcher:
         self._dispatch()
 
 
-# --------------------------------------------------------------------------------------------------
-# Tensor batching for model files (ONNX, TensorFlow): the feeds of concurrent requests are concatenated along
-# the first dimension, the model runs once, and its outputs are cut back by each request's row count.
-
-#: Runs the model once on feeds (``{input name: array}``) and returns its prediction.
-RunFeeds = Callable[[dict[str, Any]], Awaitable[Any]]
-
-
 class Failed:
     """One request's exception among the results of a batch: a bad request fails alone, not its batch.
     `Batcher.submit` raises it in that request."""
@@ -338,209 +225,3 @@ class Failed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-def has_batch_dimension(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
-    """Whether requests of a model can be stacked: every input and output has a dynamic first dimension.
-
-    A fixed first dimension (``[2, 3]``), a scalar input or an input of unknown rank means that concatenated
-    feeds would not fit the model; an output with a fixed first dimension could not be cut back into rows.
-    """
-    for spec in inputs:
-        if not spec.shape or isinstance(spec.shape[0], int):
-            return False
-    for spec in outputs:
-        if spec.shape is not None and (not spec.shape or isinstance(spec.shape[0], int)):
-            return False
-    return bool(inputs)
-
-
-def rows_of(feeds: dict[str, Any]) -> int | None:
-    """The number of rows every input of one request shares, or None when they disagree (or are scalars)."""
-    rows = None
-    for array in feeds.values():
-        shape = getattr(array, "shape", ())
-        if not shape:
-            return None
-        if rows is None:
-            rows = shape[0]
-        elif shape[0] != rows:
-            return None
-    return rows
-
-
-def stack_key(feeds: dict[str, Any]) -> tuple[Any, ...]:
-    """Requests with equal keys can be concatenated: same inputs, dtypes and non-batch dimensions."""
-    return tuple(sorted((name, array.dtype.str, array.shape[1:]) for name, array in feeds.items()))
-
-
-def stack(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """The feeds of several requests (of one stack key) concatenated along the first dimension."""
-    import numpy as np
-
-    return {name: np.concatenate([feeds[name] for feeds in items]) for name in items[0]}
-
-
-def split_prediction(prediction: Any, rows: list[int]) -> list[Any] | None:
-    """Cut a batched prediction (a list or a dict of arrays) back into one per request of `rows` rows.
-
-    None when an output has no batch dimension (its first dimension is not the batch's row count), in which
-    case the requests must run separately.
-    """
-    if isinstance(prediction, dict):
-        arrays = list(prediction.values())
-    elif isinstance(prediction, (list, tuple)):
-        arrays = list(prediction)
-    else:
-        return None
-    total = sum(rows)
-    for array in arrays:
-        shape = getattr(array, "shape", ())
-        if not shape or shape[0] != total:
-            return None
-    bounds = []
-    start = 0
-    for count in rows:
-        bounds.append((start, start + count))
-        start += count
-    if isinstance(prediction, dict):
-        return [{key: value[begin:end] for key, value in prediction.items()} for begin, end in bounds]
-    return [[value[begin:end] for value in arrays] for begin, end in bounds]
-
-
-class FeedStacker:
-    """The batched call of a model file: runs a batch of per-request feeds in as few model calls as it can.
-
-    Requests whose feeds share a `stack_key` run as one call on their concatenation; the others (different
-    non-batch dimensions, inputs of unequal rows, a model without a batch dimension) run alone. Returns one
-    prediction per request, or a `Failed` for a request whose call raised. A stacked call that raises is
-    retried request by request, so that one bad request cannot fail the others.
-    """
-
-    def __init__(self, run: RunFeeds, *, stackable: bool, run_stacked: RunFeeds | None = None, label: str = "") -> None:
-        self.run = run
-        self.run_stacked = run_stacked or run
-        self.stackable = stackable
-        self.label = label
-        #: Model calls made, calls that served more than one request, and requests served.
-        self.calls = 0
-        self.stacked_calls = 0
-        self.requests = 0
-        self._unsplittable: set[tuple[Any, ...]] = set()
-
-    async def __call__(self, items: list[dict[str, Any]]) -> list[Any]:
-        self.requests += len(items)
-        if not self.stackable or len(items) == 1:
-            return [await self._alone(feeds) for feeds in items]
-        results: list[Any] = [None] * len(items)
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        alone: list[int] = []
-        for index, feeds in enumerate(items):
-            if rows_of(feeds) is None:
-                alone.append(index)
-                continue
-            key = stack_key(feeds)
-            if key in self._unsplittable:
-                alone.append(index)
-            else:
-                groups.setdefault(key, []).append(index)
-        for key, indices in groups.items():
-            if len(indices) == 1:
-                alone.extend(indices)
-                continue
-            parts = await self._stacked(key, [items[index] for index in indices])
-            if parts is None:
-                alone.extend(indices)
-                continue
-            for index, part in zip(indices, parts, strict=True):
-                results[index] = part
-        for index in sorted(alone):
-            results[index] = await self._alone(items[index])
-        return results
-
-    async def _alone(self, feeds: dict[str, Any]) -> Any:
-        self.calls += 1
-        try:
-            return await self.run(feeds)
-        except Exception as exc:
-            return Failed(exc)
-
-    async def _stacked(self, key: tuple[Any, ...], group: list[dict[str, Any]]) -> list[Any] | None:
-        rows = [rows_of(feeds) or 0 for feeds in group]
-        self.calls += 1
-        self.stacked_calls += 1
-        try:
-            prediction = await self.run_stacked(stack(group))
-        except Exception as exc:
-            logger.debug(
-                "%s: a stacked call of %d requests raised %r; running them one by one", self.label, len(group), exc
-            )
-            return None
-        parts = split_prediction(prediction, rows)
-        if parts is None:
-            self._unsplittable.add(key)
-            logger.warning(
-                "%s: an output of the model has no batch dimension (its first dimension is not the number of "
-                "rows); requests with inputs of this shape run one by one",
-                self.label,
-            )
-        return parts
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "stackable": self.stackable,
-            "requests": self.requests,
-            "model_calls": self.calls,
-            "stacked_calls": self.stacked_calls,
-        }
-
-
-class TensorBatcher:
-    """Batching for a model file: a `Batcher` whose batched call is a `FeedStacker`.
-
-    `run` runs the feeds of one request, `run_stacked` (by default `run`) the concatenated feeds of several;
-    `execution` describes where the stacked calls run (``GET /<api>``).
-
-    ::
-
-        batcher = TensorBatcher(run_feeds, model.inputs, model.outputs, config.batching, name="mlp")
-        prediction = await batcher.run(feeds)      # this request's rows of a shared call
-    """
-
-    def __init__(
-        self,
-        run: RunFeeds,
-        inputs: Sequence[TensorSpec],
-        outputs: Sequence[TensorSpec],
-        config: BatchingConfig,
-        *,
-        name: str,
-        run_stacked: RunFeeds | None = None,
-        execution: Callable[[], dict[str, Any]] | None = None,
-        max_concurrency: int = 1,
-        on_batch: Callable[[int, list[float]], None] | None = None,
-    ) -> None:
-        self.stacker = FeedStacker(
-            run, stackable=has_batch_dimension(inputs, outputs), run_stacked=run_stacked, label=f"api '{name}'"
-        )
-        self.execution = execution
-        self.batcher = Batcher(
-            self.stacker,
-            name=name,
-            max_batch_size=config.max_batch_size,
-            max_wait_ms=config.max_wait_ms,
-            max_concurrency=max_concurrency,
-            on_batch=on_batch,
-        )
-        #: ``await run(feeds)``: wait for the batch of `feeds` to run; its own prediction, or the exception
-        #: its call raised.
-        self.run: Callable[[dict[str, np.ndarray]], Awaitable[Any]] = self.batcher.submit
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "max_batch_size": self.batcher.max_batch_size,
-            "max_wait_ms": self.batcher.max_wait * 1000,
-            "waiting": self.batcher.waiting,
-            **self.stacker.describe(),
-            "stacked_execution": self.execution() if self.execution is not None else None,
-        }

@@ -1,9 +1,9 @@
 """The stage runner: calls an API's stages (preprocess, predict, postprocess, or hooks around a model run).
 
 A `Pipeline` is compiled once, when the API loads. Consecutive sync stages are grouped into one hop to a
-worker thread (one hop per request, like a bare route using `run_in_threadpool`), async stages run on the
-event loop. Between stages the runner checks whether the request was cancelled, so that a cancelled
-request never starts its next stage.
+worker thread (one hop per request, like a bare route using `run_in_threadpool`; `_threads.run_in_thread`),
+async stages run on the event loop. Between stages the runner checks whether the request was cancelled, so
+that a cancelled request never starts its next stage.
 """
 
 from __future__ import annotations
@@ -53,37 +53,6 @@ def adapt(fn: Callable[..., Any], takes_inputs: bool, takes_request: bool) -> St
 
 #: Raised by user code (or by us, between stages) on purpose: answered as they are, not as a failure.
 _PASS_THROUGH = (HTTPError, HTTPException, RequestCancelled, asyncio.CancelledError)
-
-
-async def run_in_thread(
-    fn: Callable[..., Any],
-    *args: Any,
-    ctx: RequestContext | None,
-    on_abandon: Callable[[], None] | None = None,
-) -> Any:
-    """Run `fn` in the thread pool.
-
-    If the request leaves while `fn` runs (timeout, disconnect), the call is abandoned but the thread keeps
-    the request's concurrency slot until `fn` returns; then it runs `on_abandon` and releases the slot.
-    """
-    if ctx is None:
-        return await _threads.run_sync(fn, *args)
-    loop = asyncio.get_running_loop()
-
-    def job() -> Any:
-        if not ctx.enter_thread():
-            raise RequestCancelled()
-        try:
-            return fn(*args)
-        finally:
-            if ctx.exit_thread():
-                try:
-                    if on_abandon is not None:
-                        on_abandon()
-                finally:
-                    loop.call_soon_threadsafe(ctx.release_slot)
-
-    return await _threads.run_sync(job, abandon_on_cancel=True)
 
 
 class Pipeline:
@@ -222,7 +191,7 @@ class Pipeline:
         async def step(value: Any, request: Any, ctx: RequestContext | None) -> Any:
             if ctx is not None and ctx.cancelled:
                 raise RequestCancelled()
-            return await run_in_thread(run_group, value, request, ctx, ctx=ctx)
+            return await _threads.run_in_thread(run_group, value, request, ctx, ctx=ctx)
 
         return step
 

@@ -367,7 +367,8 @@ def test_a_failed_item_fails_its_own_request_only() -> None:
 
 
 def test_the_stacker_groups_stackable_requests_and_runs_the_others_alone() -> None:
-    from modelserve.batching import Failed, FeedStacker
+    from modelserve.batching import Failed
+    from modelserve.stacking import FeedStacker
 
     calls: list[tuple[int, ...]] = []
 
@@ -411,8 +412,8 @@ def test_the_stacker_groups_stackable_requests_and_runs_the_others_alone() -> No
     ],
 )
 def test_a_model_is_stackable_with_a_dynamic_first_dimension(inputs, outputs, expected) -> None:
-    from modelserve.batching import has_batch_dimension
     from modelserve.runtimes._tensors import TensorSpec
+    from modelserve.stacking import has_batch_dimension
 
     def specs(shapes):  # type: ignore[no-untyped-def]
         return [TensorSpec(f"t{i}", np.dtype("float32"), shape) for i, shape in enumerate(shapes)]

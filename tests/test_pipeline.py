@@ -15,9 +15,10 @@ import pytest
 from starlette.exceptions import HTTPException
 
 from modelserve import pipeline as pipeline_module
+from modelserve._threads import run_in_thread
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, RequestCancelled, UserCodeError
-from modelserve.pipeline import Pipeline, Stage, adapt, run_in_thread
+from modelserve.pipeline import Pipeline, Stage, adapt
 
 pytestmark = pytest.mark.anyio
 

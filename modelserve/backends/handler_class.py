@@ -9,8 +9,7 @@ import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio.to_thread
-
+from modelserve import _threads
 from modelserve.backends import Backend, resolve_class
 from modelserve.backends._children import Children
 from modelserve.backends.model_class import call_load, check_constructor, construct, constructor_arguments
@@ -56,7 +55,7 @@ class HandlerClassBackend(Backend):
     async def load(self) -> None:
         self.children.note()
         available = constructor_arguments(self.api, None, self.metrics_client)
-        self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
+        self.instance = await _threads.run_sync(construct, self.cls, self.label, available)
         if self.has_load:
             load = getattr(self.cls, "load")  # noqa: B009
             await call_load(self.instance, self.label, inspect.iscoroutinefunction(load))
@@ -95,4 +94,4 @@ class HandlerClassBackend(Backend):
         }
 
     async def close(self) -> None:
-        await anyio.to_thread.run_sync(self.children.stop)
+        await _threads.run_sync(self.children.stop)

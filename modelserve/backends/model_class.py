@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import anyio.to_thread
 from starlette.exceptions import HTTPException
 
-from modelserve import devices
+from modelserve import _threads, devices
+from modelserve._threads import BatchThreads
 from modelserve.backends import Backend, resolve_class
 from modelserve.backends._children import Children
-from modelserve.batching import Batcher, BatchThreads, Failed
+from modelserve.batching import Batcher, Failed
 from modelserve.context import RequestContext, current
 from modelserve.errors import (
     BatchSizeMismatch,
@@ -104,7 +104,7 @@ async def call_load(instance: Any, label: str, is_async: bool, threads: BatchThr
         elif threads is not None:
             await threads.run_here(instance.load)
         else:
-            await anyio.to_thread.run_sync(instance.load)
+            await _threads.run_sync(instance.load)
     except Exception as exc:
         raise LoadError(f"{label}: {type(instance).__name__}.load() raised {describe_error(exc)}") from exc
 
@@ -190,11 +190,11 @@ class ModelClassBackend(Backend):
             # load() warms the thread that runs predict (a GPU runtime builds per-thread state on a thread's
             # first call).
             self.threads = BatchThreads(self.api.name, self.api.max_concurrency)
-            await anyio.to_thread.run_sync(self.threads.start)
+            await _threads.run_sync(self.threads.start)
         token = devices.enter(self.api.name)  # modelserve.device() in the constructor and load() knows the API
         try:
             available = self.arguments()
-            self.instance = await anyio.to_thread.run_sync(construct, self.cls, self.label, available)
+            self.instance = await _threads.run_sync(construct, self.cls, self.label, available)
             if self.spec.has_load:
                 await call_load(self.instance, self.label, self.spec.load_is_async, self.threads)
         except LoadError as exc:
@@ -288,7 +288,7 @@ class ModelClassBackend(Backend):
         batcher = getattr(self, "batcher", None)
         if batcher is not None:
             batcher.close()
-        await anyio.to_thread.run_sync(self.children.stop)
+        await _threads.run_sync(self.children.stop)
 
     def describe(self) -> dict[str, Any]:
         return {

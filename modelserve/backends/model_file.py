@@ -24,19 +24,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import anyio.to_thread
-
-from modelserve import devices, runtimes
+from modelserve import _threads, devices, runtimes
+from modelserve._threads import THREAD, Adaptive, BatchThreads
 from modelserve.backends import Backend
-from modelserve.backends._adaptive import THREAD, Adaptive
 from modelserve.backends._children import Children
-from modelserve.batching import BatchThreads, TensorBatcher
 from modelserve.errors import BadRequest, LoadError
 from modelserve.introspect import describe_callable
 from modelserve.pipeline import Pipeline, Stage
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 from modelserve.schema import TypedValue, typed_value
+from modelserve.stacking import TensorBatcher
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig, ModelFileConfig
@@ -192,12 +190,12 @@ class ModelFileBackend(Backend):
         self.children.note()
         self.device = devices.assign(self.api.devices)
         devices.place(self.api.name, self.device)
-        self.model = await anyio.to_thread.run_sync(self._load_model)
+        self.model = await _threads.run_sync(self._load_model)
         try:
             self.converter = InputConverter(self.model.inputs)
         except TypeError as exc:
             raise LoadError(f"{self.label}: {self.config.path}: {exc}") from None
-        await anyio.to_thread.run_sync(self._warm_up, self.model)
+        await _threads.run_sync(self._warm_up, self.model)
         self.pipeline = self._build_pipeline()
         run = Stage("run", self._run_stage(with_post=False, tensors=True), True, shared=True)
         self.tensors = Pipeline([run], needs_inputs=True, needs_request=False, timer=self.api_metrics.stage_timer)
@@ -205,7 +203,7 @@ class ModelFileBackend(Backend):
             # The batch threads start off the loop, each warmed by a call with zeros: a GPU runtime builds
             # per-thread state on a thread's first call.
             zeros = {spec.name: spec.example() for spec in self.model.inputs}
-            await anyio.to_thread.run_sync(partial(self.threads.start, warm=partial(self.model.run, zeros)))
+            await _threads.run_sync(partial(self.threads.start, warm=partial(self.model.run, zeros)))
 
     def _load_model(self) -> LoadedModel:
         adapter = runtimes.adapter(self.config.format)
@@ -305,7 +303,7 @@ class ModelFileBackend(Backend):
                 size = _size(feeds) if several else feeds[first].size
                 prediction = adaptive.now(run, feeds, size=size)
                 if prediction is THREAD:
-                    prediction = await adaptive.call(run, feeds, size=size)
+                    prediction = await adaptive.in_thread(run, feeds, size=size)
             if tensors:
                 return prediction if isinstance(prediction, dict) else dict(zip(names, prediction, strict=True))
             if not with_post:
@@ -376,7 +374,7 @@ class ModelFileBackend(Backend):
             self.threads.close()
         if self.model is not None:
             self.model.close()
-        await anyio.to_thread.run_sync(self.children.stop)
+        await _threads.run_sync(self.children.stop)
 
 
 def _size(feeds: dict[str, Any]) -> int:

@@ -30,12 +30,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import anyio.to_thread
-
 from modelserve import _threads, runtimes
+from modelserve._threads import BatchThreads
 from modelserve.backends import Backend
 from modelserve.backends._children import Children
-from modelserve.batching import Batcher, BatchThreads
+from modelserve.batching import Batcher
 from modelserve.codecs import Answer, encode_json
 from modelserve.config import CortexConfig
 from modelserve.context import current_request_id
@@ -217,16 +216,16 @@ class CortexHandlerBackend(Backend):
 
     async def load(self) -> None:
         self.children.note()
-        self.client = await anyio.to_thread.run_sync(self._make_client)
+        self.client = await _threads.run_sync(self._make_client)
         if self.cortex.style == "module":
-            await anyio.to_thread.run_sync(self._init_module)
+            await _threads.run_sync(self._init_module)
         else:
-            self.instance = await anyio.to_thread.run_sync(self._construct)
+            self.instance = await _threads.run_sync(self._construct)
             if isinstance(self.client, PythonClient) and self.cortex.models:
-                await anyio.to_thread.run_sync(self.client.load_all, self.instance.load_model, self.label)
+                await _threads.run_sync(self.client.load_all, self.instance.load_model, self.label)
         self.pipeline = self._build_pipeline()
         if self.batcher is not None and self.batcher.threads is not None:
-            await anyio.to_thread.run_sync(self.batcher.threads.start)
+            await _threads.run_sync(self.batcher.threads.start)
 
     def _make_client(self) -> Any:
         if self.cortex.type == "python":
@@ -357,7 +356,7 @@ class CortexHandlerBackend(Backend):
             self.batcher.close()
         if isinstance(self.client, ModelClient):
             self.client.close()
-        await anyio.to_thread.run_sync(self.children.stop)
+        await _threads.run_sync(self.children.stop)
 
 
 def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool, post: Any = None) -> Any:

@@ -19,7 +19,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import modelserve
-from modelserve.backends._adaptive import Adaptive
+from modelserve._threads import Adaptive
 from tests.conftest import REPO, write_project
 from tests.models import (
     fixed_shape_onnx,
