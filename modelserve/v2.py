@@ -11,8 +11,8 @@ outputs of a call into a body, with the binary tensor extension both ways:
 * an output is sent as binary when its ``parameters.binary_data`` (or the request's
   ``parameters.binary_data_output``) says so; the answer then carries ``Inference-Header-Content-Length``.
 
-`Signature` is what the metadata route shows of an API and what a request is checked against (names,
-datatypes, ranks, fixed dimensions) before it reaches the model: any mismatch is a 400 naming the tensor.
+A tensor's metadata (`TensorMeta`) decodes the raw binary request; what an API's metadata holds and how a
+request is checked against it is `modelserve.v2_signature`.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 
 
 def _shape(value: Any, name: str) -> None:
-    raise BadRequest(f"input '{name}': 'shape' must be a list of integers >= 0, got {_short(value)}")
+    raise BadRequest(f"input '{name}': 'shape' must be a list of integers >= 0, got {shorten(value)}")
 
 
 def element_count(name: str, shape: Any, room: int) -> int:
@@ -149,11 +149,11 @@ def element_count(name: str, shape: Any, room: int) -> int:
             nominal *= dim
     if count > room:
         raise BadRequest(
-            f"input '{name}': shape {_short(shape)} declares {count} elements, more than a body of {room} bytes holds"
+            f"input '{name}': shape {shorten(shape)} declares {count} elements, more than a body of {room} bytes holds"
         )
     if nominal > MAX_ELEMENTS:
         raise BadRequest(
-            f"input '{name}': shape {_short(shape)} is too large; its non-zero dimensions may multiply to at most "
+            f"input '{name}': shape {shorten(shape)} is too large; its non-zero dimensions may multiply to at most "
             f"{MAX_ELEMENTS}"
         )
     return count
@@ -196,7 +196,7 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
             _object(item, "each input")
         name = item.get("name")
         if not isinstance(name, str):
-            raise BadRequest(f"an input has no 'name' (a string): {_short(item)}")
+            raise BadRequest(f"an input has no 'name' (a string): {shorten(item)}")
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
         datatype = item.get("datatype")
@@ -248,7 +248,7 @@ def _requested_outputs(raw: Any) -> dict[str, bool | None] | None:
         item = _object(item, "each requested output")
         name = item.get("name")
         if not isinstance(name, str):
-            raise BadRequest(f"a requested output has no 'name' (a string): {_short(item)}")
+            raise BadRequest(f"a requested output has no 'name' (a string): {shorten(item)}")
         params = _object(item.get("parameters") or {}, f"output '{name}': 'parameters'")
         for unsupported in ("shared_memory_region", "classification"):
             if params.get(unsupported):
@@ -341,7 +341,7 @@ def _strings_from_json(name: str, data: Any, text: bool) -> np.ndarray:
     flat = raw.reshape(-1)
     for i, item in enumerate(flat):
         if not isinstance(item, str):
-            raise BadRequest(f"input '{name}': 'data' of a BYTES tensor must be strings, got {_short(item)}")
+            raise BadRequest(f"input '{name}': 'data' of a BYTES tensor must be strings, got {shorten(item)}")
         if not text:
             flat[i] = item.encode()
     return flat
@@ -493,7 +493,7 @@ def _to_json(name: str, array: np.ndarray, datatype: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
-# metadata, and the checks of a request against it
+# a tensor's metadata, and the raw binary request it decodes
 
 
 @dataclass(frozen=True)
@@ -549,201 +549,7 @@ def _count_strings(body: bytes) -> int:
     return count
 
 
-def meta_of(spec: Any) -> TensorMeta | None:
-    """The V2 metadata of a runtime's `TensorSpec`; None for values that are not tensors (ONNX sequences, maps)."""
-    if spec.dtype is None:
-        return None
-    try:
-        datatype = datatype_of(spec.dtype)
-    except TypeError:
-        return None
-    shape = None if spec.shape is None else tuple(d if isinstance(d, int) and d >= 0 else -1 for d in spec.shape)
-    return TensorMeta(spec.name, datatype, shape)
-
-
-def declared(cls: type, attribute: str, label: str) -> tuple[TensorMeta, ...] | None:
-    """A Model class's ``v2_inputs`` or ``v2_outputs`` (a list of ``{"name", "datatype", "shape"}``), or None.
-
-    `ValueError` names what is wrong with a declaration, for the load error."""
-    raw = getattr(cls, attribute, None)
-    if raw is None:
-        return None
-    expected = f'{label}: {attribute} must be a list of {{"name": str, "datatype": one of {", ".join(DATATYPES)}, '
-    expected += '"shape": [int, ...] (-1 for a variable dimension)}'
-    if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"{expected}; got {_short(raw)}")
-    tensors = []
-    for item in raw:
-        ok = (
-            isinstance(item, dict)
-            and isinstance(item.get("name"), str)
-            and item.get("datatype") in DATATYPES
-            and isinstance(item.get("shape"), (list, tuple))
-            and all(type(d) is int and d >= -1 for d in item["shape"])
-        )
-        if not ok:
-            raise ValueError(f"{expected}; got {_short(item)}")
-        tensors.append(TensorMeta(item["name"], item["datatype"], tuple(item["shape"])))
-    return tuple(tensors)
-
-
-class Signature:
-    """An API's V2 metadata; a request is checked against what is known (None: anything goes)."""
-
-    def __init__(
-        self,
-        platform: str,
-        inputs: tuple[TensorMeta, ...] | None,
-        outputs: tuple[TensorMeta, ...] | None,
-        text: bool = False,
-    ) -> None:
-        self.platform = platform
-        self.inputs = inputs
-        self.outputs = outputs
-        #: BYTES inputs as str: the runtimes' string tensors (onnxruntime reads bytes as their repr).
-        self.text = text
-        #: The input of a raw binary request: the model's only one.
-        self.raw_input = inputs[0] if inputs is not None and len(inputs) == 1 else None
-        # What each request is checked against, worked out once: name -> (dtype, rank, fixed dimensions).
-        self._expected = None if inputs is None else {meta.name: _expectation(meta) for meta in inputs}
-        self._outputs = None if outputs is None else {meta.name for meta in outputs}
-        # `fast_request`'s expectations: the datatype's name too; only for models whose inputs are all FP32/FP64.
-        self._fast: dict[str, tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]]] | None = None
-        if inputs and all(meta.datatype in ("FP32", "FP64") for meta in inputs):
-            self._fast = {}
-            for meta in inputs:
-                dtype, rank, fixed = _expectation(meta)
-                assert dtype is not None
-                self._fast[meta.name] = (meta.datatype, dtype, rank, fixed)
-
-    def describe(self, name: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "versions": ["1"],
-            "platform": self.platform,
-            "inputs": [meta.describe() for meta in self.inputs or ()],
-            "outputs": [meta.describe() for meta in self.outputs or ()],
-        }
-
-    def fast_request(self, body: bytes) -> InferRequest | None:
-        """The usual request, decoded and checked in one pass: a JSON body of nothing but ``inputs``, each with
-        exactly a name, the model's float datatype, a fitting shape and finite ``data``. None for anything else,
-        or anything wrong: then `decode_request` and `check` decode it again and say what is wrong.
-
-        The same value as theirs (a test compares them), at about half their cost: on a small model the two
-        were a tenth of a request's time."""
-        expected = self._fast
-        if expected is None or b"true" in body or b"false" in body:  # booleans: `decode_request` refuses them
-            return None
-        try:
-            header = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        if type(header) is not dict or len(header) != 1:
-            return None
-        raw_inputs = header.get("inputs")
-        if type(raw_inputs) is not list or len(raw_inputs) != len(expected):
-            return None
-        inputs = V2Inputs()
-        inputs.parameters = {}
-        for item in raw_inputs:
-            if type(item) is not dict or len(item) != 4:
-                return None
-            name = item.get("name")
-            if type(name) is not str or name in inputs:
-                return None
-            want = expected.get(name)
-            shape = item.get("shape")
-            data = item.get("data")
-            if want is None or type(shape) is not list or data is None:
-                return None
-            datatype, dtype, rank, fixed = want
-            if item.get("datatype") != datatype or (rank >= 0 and len(shape) != rank):
-                return None
-            for dim in shape:
-                if type(dim) is not int or dim < 0:
-                    return None
-            for axis, size in fixed:
-                if shape[axis] != size:
-                    return None
-            try:
-                array = np.asarray(data, dtype=dtype)
-                # orjson refuses infinities, so only a cast to float32 can overflow (1e39: inf)
-                if datatype == "FP32":
-                    flat = array if array.ndim == 1 else array.reshape(-1)
-                    if not math.isfinite(flat.dot(flat)):
-                        return None
-                inputs[name] = array.reshape(shape)  # a size that does not fit: ValueError
-            except (ValueError, TypeError, OverflowError, RuntimeWarning):  # a warning, where warnings are errors
-                return None
-        return InferRequest(None, inputs, None, False)
-
-    def check(self, request: InferRequest) -> None:
-        """A 400 naming the first input (or requested output) that does not fit the declared tensors."""
-        expected = self._expected
-        if expected is not None:
-            inputs = request.inputs
-            if inputs.keys() != expected.keys():
-                self._refuse_names(inputs)
-            # Loops rather than any(generator): a generator is a frame, and this runs on every request.
-            for name, array in inputs.items():
-                dtype, rank, fixed = expected[name]
-                if array.dtype != dtype:
-                    self._refuse_dtype(name, array)
-                if rank >= 0:
-                    fits = array.ndim == rank
-                    if fits:
-                        shape = array.shape
-                        for axis, size in fixed:
-                            if shape[axis] != size:
-                                fits = False
-                                break
-                    if not fits:
-                        raise BadRequest(
-                            f"input '{name}': shape {list(array.shape)}, but the model expects "
-                            f"{self._meta(name).text()}"
-                        )
-        if self._outputs is not None and request.outputs is not None:
-            for name in request.outputs:
-                if name not in self._outputs:
-                    raise BadRequest(f"unknown output '{name}'; the model's outputs are {_listing(self.outputs or ())}")
-
-    def _meta(self, name: str) -> TensorMeta:
-        return next(meta for meta in self.inputs or () if meta.name == name)
-
-    def _refuse_names(self, inputs: Mapping[str, np.ndarray]) -> None:
-        declared = self.inputs or ()
-        names = [meta.name for meta in declared]
-        problems = [f"unknown input '{name}'" for name in inputs if name not in names]
-        problems += [f"missing input '{name}'" for name in names if name not in inputs]
-        raise BadRequest(f"{'; '.join(problems)}; the model's inputs are {_listing(declared)}")
-
-    def _refuse_dtype(self, name: str, array: np.ndarray) -> None:
-        meta = self._meta(name)
-        datatype = datatype_of(array.dtype)
-        if datatype != meta.datatype:  # equal for a BF16 dtype other than ml_dtypes' (none is known today)
-            raise BadRequest(f"input '{name}': datatype {datatype}, but the model expects {meta.text()}")
-
-
-def _expectation(meta: TensorMeta) -> tuple[np.dtype[Any] | None, int, tuple[tuple[int, int], ...]]:
-    if meta.datatype == "BYTES":
-        dtype: np.dtype[Any] | None = np.dtype(object)
-    elif meta.datatype == "BF16":
-        try:
-            dtype = bfloat16()
-        except BadRequest:
-            dtype = None
-    else:
-        dtype = FIXED[meta.datatype]
-    if meta.shape is None:
-        return dtype, -1, ()
-    return dtype, len(meta.shape), tuple((axis, size) for axis, size in enumerate(meta.shape) if size >= 0)
-
-
-def _listing(tensors: Sequence[TensorMeta]) -> str:
-    return ", ".join(meta.text() for meta in tensors)
-
-
-def _short(value: Any) -> str:
+def shorten(value: Any) -> str:
+    """`repr(value)`, cut to 80 characters, for an error message."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 from modelserve import logger as user_logger
-from modelserve.logs import configure_logging
 from modelserve.context import RequestContext, current
-from modelserve.logs import MAX_LINE_BYTES, JSONFormatter, RequestContextFilter, TextFormatter
+from modelserve.logs import MAX_LINE_BYTES, JSONFormatter, RequestContextFilter, TextFormatter, configure_logging
 from tests.conftest import write_project
 
 MODEL = """

@@ -51,8 +51,9 @@ from modelserve.http.errors import send_error
 from modelserve.http.exchange import Exchange, Head, exchange_route
 from modelserve.http.routing import Route
 from modelserve.server import ModelServer
-from modelserve.v2 import InferRequest, Signature, declared, decode_request, encode_response, meta_of
+from modelserve.v2 import InferRequest, decode_request, encode_response
 from modelserve.v2 import outputs_of as class_outputs
+from modelserve.v2_signature import Signature, declared, meta_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -212,27 +213,37 @@ class V2Model(Exchange):
             return partial(_refuse_stream, result)
         request: InferRequest = value
         try:
-            outputs = result if self._tensors is not None else class_outputs(result)
-            if request.outputs is None and self._signature is not None and self._signature.outputs is not None:
-                # The declared outputs (a model file's tensors: not its ONNX sequences or maps), when named none.
-                declared = self._signature.outputs
-                if len(declared) != len(outputs):
-                    outputs = {meta.name: outputs[meta.name] for meta in declared if meta.name in outputs}
-            if request.outputs is not None:
-                missing = [name for name in request.outputs if name not in outputs]
-                if missing:
-                    raise BadRequest(
-                        f"unknown output {', '.join(repr(n) for n in missing)}; the model returned "
-                        f"{', '.join(repr(n) for n in outputs) or 'no outputs'}"
-                    )
-            body, json_length = encode_response(self.name, request, outputs)
+            body, json_length = encode_response(self.name, request, self.outputs(result, request))
         except TypeError as exc:
-            error = UserCodeError("encoding the V2 answer", exc)
-            log_user_error(self.name, ctx, error)
-            raise error from None
+            raise self.not_encoded(ctx, exc) from None
         if json_length is None:
             return body, JSON_TYPE, None
         return body, BYTES_TYPE, [(b"inference-header-content-length", str(json_length).encode())]
+
+
+    def outputs(self, result: Any, request: InferRequest) -> dict[str, Any]:
+        """The outputs of a call's `result` to send: those `request` names (a 400 for one the model did not
+        return), else the declared ones. `TypeError` for a result that holds no tensors (see `not_encoded`)."""
+        outputs = result if self._tensors is not None else class_outputs(result)
+        if request.outputs is None and self._signature is not None and self._signature.outputs is not None:
+            # The declared outputs (a model file's tensors: not its ONNX sequences or maps), when named none.
+            declared = self._signature.outputs
+            if len(declared) != len(outputs):
+                outputs = {meta.name: outputs[meta.name] for meta in declared if meta.name in outputs}
+        if request.outputs is not None:
+            missing = [name for name in request.outputs if name not in outputs]
+            if missing:
+                raise BadRequest(
+                    f"unknown output {', '.join(repr(n) for n in missing)}; the model returned "
+                    f"{', '.join(repr(n) for n in outputs) or 'no outputs'}"
+                )
+        return outputs
+
+    def not_encoded(self, ctx: RequestContext, exc: TypeError) -> UserCodeError:
+        """A result V2 cannot carry is the user code's failure (a 500), logged once."""
+        error = UserCodeError("encoding the V2 answer", exc)
+        log_user_error(self.name, ctx, error)
+        return error
 
 
 async def _refuse_stream(stream: Stream, scope: Scope, receive: Receive, send: Send) -> int:

@@ -606,7 +606,8 @@ def test_bytes_elements_are_length_prefixed() -> None:
 
 
 def _fast_signature() -> Any:
-    from modelserve.v2 import Signature, TensorMeta
+    from modelserve.v2 import TensorMeta
+    from modelserve.v2_signature import Signature
 
     inputs = (TensorMeta("x", "FP32", (-1, 4)), TensorMeta("w", "FP64", (2,)), TensorMeta("any", "FP32", None))
     return Signature("onnx_onnxv1", inputs, (TensorMeta("y", "FP32", (-1, 3)),), text=True)
@@ -666,7 +667,8 @@ def test_fast_request_leaves_anything_else_to_decode_request(change: Any) -> Non
 
 
 def test_fast_request_is_off_for_models_with_other_datatypes() -> None:
-    from modelserve.v2 import Signature, TensorMeta
+    from modelserve.v2 import TensorMeta
+    from modelserve.v2_signature import Signature
 
     signature = Signature("onnx_onnxv1", (TensorMeta("x", "INT64", (1,)),), None)
     body = b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": [1]}]}'
