@@ -31,6 +31,7 @@ from typing import Any
 
 from modelserve._frames import release_frames
 from modelserve._threads import run_in_thread
+from modelserve.api_metrics import ApiMetrics
 from modelserve.backends import Backend
 from modelserve.config import ApiConfig
 from modelserve.context import RequestContext
@@ -44,7 +45,6 @@ from modelserve.errors import (
     UserCodeError,
 )
 from modelserve.limiter import Limiter
-from modelserve.metrics import ApiMetrics
 from modelserve.pipeline import Pipeline
 from modelserve.watch import Watch, Watchdog
 

@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 
 from modelserve.api import Api
+from modelserve.api_metrics import ApiMetrics
 from modelserve.backends import make_backend
 from modelserve.config import ProjectConfig
 from modelserve.errors import LoadError
 from modelserve.jobs.service import Jobs
-from modelserve.metrics import ApiMetrics, Metrics, MetricsClient
+from modelserve.metrics import Metrics, MetricsClient
 
 logger = logging.getLogger("modelserve")
 

@@ -20,8 +20,9 @@ from modelserve.errors import LoadError
 from modelserve.pipeline import Pipeline
 
 if TYPE_CHECKING:
+    from modelserve.api_metrics import ApiMetrics
     from modelserve.config import ApiConfig
-    from modelserve.metrics import ApiMetrics, MetricsClient
+    from modelserve.metrics import MetricsClient
 
 
 class Backend:

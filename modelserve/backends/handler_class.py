@@ -19,8 +19,9 @@ from modelserve.introspect import describe_callable, required_unknown_params, se
 from modelserve.pipeline import Pipeline, Stage, StageCall
 
 if TYPE_CHECKING:
+    from modelserve.api_metrics import ApiMetrics
     from modelserve.config import ApiConfig
-    from modelserve.metrics import ApiMetrics, MetricsClient
+    from modelserve.metrics import MetricsClient
 
 JOB_ARGS = ("payload", "request_id")
 

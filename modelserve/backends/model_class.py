@@ -39,8 +39,9 @@ from modelserve.secrets import Secrets
 logger = logging.getLogger("modelserve")
 
 if TYPE_CHECKING:
+    from modelserve.api_metrics import ApiMetrics
     from modelserve.config import ApiConfig
-    from modelserve.metrics import ApiMetrics, MetricsClient
+    from modelserve.metrics import MetricsClient
 
 #: What a constructor may ask for by name.
 MODEL_ARGS = ("config", "data_dir", "secrets", "metrics_client", "device")

@@ -37,8 +37,9 @@ from modelserve.schema import TypedValue, typed_value
 from modelserve.stacking import TensorBatcher
 
 if TYPE_CHECKING:
+    from modelserve.api_metrics import ApiMetrics
     from modelserve.config import ApiConfig, ModelFileConfig
-    from modelserve.metrics import ApiMetrics, MetricsClient
+    from modelserve.metrics import MetricsClient
 
 logger = logging.getLogger("modelserve")
 

@@ -46,8 +46,9 @@ from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 
 if TYPE_CHECKING:
+    from modelserve.api_metrics import ApiMetrics
     from modelserve.config import ApiConfig, ModelFileConfig
-    from modelserve.metrics import ApiMetrics, MetricsClient
+    from modelserve.metrics import MetricsClient
 
 #: The class names Cortex looked for, newest first, by handler type.
 CLASS_NAMES = {

@@ -25,9 +25,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 import modelserve
+from modelserve.api_metrics import _Histogram
 from modelserve.http._protocol import LimitedHttpToolsProtocol, TransportConfig, transport_protocol
 from modelserve.http._uvicorn import HTTPTOOLS_METHODS, missing
-from modelserve.metrics import _Histogram
 from modelserve.runtimes.onnx import OnnxModel
 from tests.conftest import free_port, serve_in_thread
 from tests.models import iris_expected, iris_onnx
