@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import threading
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -36,18 +35,17 @@ from modelserve.backends import Backend
 from modelserve.backends._children import Children
 from modelserve.batching import Batcher
 from modelserve.codecs import Answer, encode_json
+from modelserve.compat.cortex_clients import ModelClient, PythonClient, load_model
 from modelserve.config import CortexConfig
 from modelserve.context import current_request_id
-from modelserve.errors import BadRequest, LoadError
+from modelserve.errors import LoadError
 from modelserve.introspect import describe_callable, required_unknown_params, select_kwargs
 from modelserve.pipeline import Pipeline, Stage
 from modelserve.project import apply_api_environment, describe_error, import_file
-from modelserve.runtimes._model import LoadedModel
-from modelserve.runtimes._tensors import InputConverter
 
 if TYPE_CHECKING:
     from modelserve.api_metrics import ApiMetrics
-    from modelserve.config import ApiConfig, ModelFileConfig
+    from modelserve.config import ApiConfig
     from modelserve.metrics import MetricsClient
 
 #: The class names Cortex looked for, newest first, by handler type.
@@ -231,7 +229,7 @@ class CortexHandlerBackend(Backend):
     def _make_client(self) -> Any:
         if self.cortex.type == "python":
             return PythonClient({name: str(self.root / model.path) for name, model in self.cortex.models.items()})
-        models = {name: _load_model(self.root, model, self.api.name) for name, model in self.cortex.models.items()}
+        models = {name: load_model(self.root, model, self.api.name) for name, model in self.cortex.models.items()}
         return ModelClient(models)
 
     def _construct(self) -> Any:
@@ -473,95 +471,3 @@ class _After:
         outcome = await _threads.run_sync(self.callback)
         if inspect.isawaitable(outcome):
             await outcome
-
-
-# ----------------------------------------------------------------------------------------------------
-# clients
-
-
-def _load_model(root: Path, config: ModelFileConfig, api_name: str) -> tuple[LoadedModel, InputConverter]:
-    adapter = runtimes.adapter(config.format)
-    try:
-        model: LoadedModel = adapter.load(root / config.path, config)
-        converter = InputConverter(model.inputs)
-    except LoadError as exc:
-        raise LoadError(f"api '{api_name}': {exc}") from exc
-    except TypeError as exc:
-        raise LoadError(f"api '{api_name}': {config.path}: {exc}") from None
-    return model, converter
-
-
-class ModelClient:
-    """Cortex's ``tensorflow_client`` / ``onnx_client``: ``predict(model_input, model_name=None,
-    model_version="latest")`` on one of the API's models.
-
-    ``model_input`` is converted with the rules of a model API (a value of lower rank is reshaped to the input's
-    shape, unknown dimensions as 1); what does not fit is a 400. The result is Cortex's: for ONNX the list of
-    output arrays, for TensorFlow a dict from output name to a flat list of values.
-    """
-
-    def __init__(self, models: dict[str, tuple[LoadedModel, InputConverter]]) -> None:
-        self._models = models
-
-    def predict(self, model_input: Any, model_name: str | None = None, model_version: str = "latest") -> Any:
-        model, converter = self._pick(model_name)
-        prediction = model.run(converter(model_input))
-        return model.for_hook(prediction)
-
-    def _pick(self, model_name: str | None) -> tuple[LoadedModel, InputConverter]:
-        if "" in self._models:
-            return self._models[""]
-        if model_name is None:
-            raise BadRequest(f"model_name was not specified; choose one of {sorted(self._models)}")
-        try:
-            return self._models[model_name]
-        except KeyError:
-            raise BadRequest(f"model {model_name!r} not found; the models are {sorted(self._models)}") from None
-
-    def get_model(self, model_name: str | None = None, model_version: str = "latest") -> Any:
-        """The runtime's own model object (an onnxruntime session, a loaded SavedModel)."""
-        model, _ = self._pick(model_name)
-        return getattr(model, "session", None) or getattr(model, "loaded", None)
-
-    def close(self) -> None:
-        for model, _ in self._models.values():
-            model.close()
-
-
-class PythonClient:
-    """Cortex's ``python_client`` / ``model_client``: ``get_model(model_name=None, model_version="latest")``
-    returns what the handler's ``load_model(model_path)`` returned for that model, loaded once at start."""
-
-    def __init__(self, paths: dict[str, str]) -> None:
-        self._paths = paths
-        self._loaded: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def load_all(self, load_model: Any, label: str) -> None:
-        for name, path in self._paths.items():
-            try:
-                self._loaded[name] = load_model(_version_folder(path))
-            except Exception as exc:
-                raise LoadError(f"{label}: load_model({path!r}) raised {describe_error(exc)}") from exc
-
-    def get_model(self, model_name: str | None = None, model_version: str = "latest") -> Any:
-        if "" in self._loaded:
-            return self._loaded[""]
-        if model_name is None:
-            raise BadRequest(f"model_name was not specified; choose one of {sorted(self._loaded)}")
-        with self._lock:
-            try:
-                return self._loaded[model_name]
-            except KeyError:
-                raise BadRequest(f"model {model_name!r} not found; the models are {sorted(self._loaded)}") from None
-
-
-def _version_folder(path: str) -> str:
-    """Cortex gave load_model the folder of the model's highest version (``model/1/``) when there were
-    numbered versions, else the model's folder."""
-    folder = Path(path)
-    if folder.is_dir():
-        versions = [child for child in folder.iterdir() if child.is_dir() and child.name.isdigit()]
-        if versions:
-            return str(max(versions, key=lambda child: int(child.name)))
-    return path
