@@ -1,0 +1,285 @@
+"""Ray Serve: a project's APIs on a Ray cluster, each replica one modelserve app.
+
+`app` is a Ray Serve *application builder*: it takes a dict of arguments and returns the application, so it
+works from Ray's command line, from a Serve config file (``serve build``, ``serve deploy``, KubeRay's
+``RayService``) and from Python::
+
+    serve run modelserve.ray:app project=examples/iris num_replicas=2
+
+    from ray import serve
+    import modelserve.ray
+    serve.run(modelserve.ray.app({"project": "examples/iris", "num_replicas": 2}))
+
+Each replica builds the project's app with `modelserve.http.create_app`, exactly as ``python -m modelserve``
+does, and Ray's proxy hands it the HTTP requests as ASGI (``@serve.ingress``): the routes, error bodies,
+limits, streaming, V2 routes, typed inputs and API keys are modelserve's. A replica takes traffic once every
+API has loaded (its constructor waits for the load; a failure fails the replica with modelserve's message),
+and Ray's health check asks the replica whether its APIs are still ready.
+
+What Ray is told, from the project (overridable by the arguments, ``ARGUMENTS``):
+
+* ``max_ongoing_requests``: the requests a replica would hold at once, running or waiting, summed over the
+  project's APIs (``max_concurrency + max_queue_length`` each), so that Ray sends a replica no more than
+  modelserve would admit, and modelserve's own 503 comes only when both agree the replica is full;
+* ``graceful_shutdown_timeout_s``: the project's ``graceful_timeout`` (the CLI's ``--graceful-timeout``).
+
+Async APIs keep their jobs in the project's store; a job submitted through one replica is polled through any
+only when the store is shared (Redis), so more than one replica with a ``memory`` or ``sqlite`` store is
+refused before Ray starts anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelserve.config import load_project_config
+from modelserve.errors import ConfigError, LoadError, MissingExtraError
+from modelserve.jobs import store_kind
+from modelserve.project import caller_dir
+
+#: The Ray Serve deployment's name, unless ``name`` says otherwise (a Serve config file's ``deployments:``
+#: entry overrides its options by this name).
+DEFAULT_NAME = "modelserve"
+DEFAULT_GRACE = 30.0
+#: Keys of ``ray_actor_options`` (Ray's own names): what a replica reserves on a node.
+ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env")
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("a non-empty string")
+    return value
+
+
+def _count(value: Any) -> int:
+    """A positive integer, also as the text ``serve run key=value`` passes."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("a positive integer")
+    return value
+
+
+def _replicas(value: Any) -> int | str:
+    if value == "auto":
+        return "auto"
+    try:
+        return _count(value)
+    except ValueError:
+        raise ValueError("a positive integer or 'auto'") from None
+
+
+def _seconds(value: Any) -> float:
+    try:
+        number = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else math.nan
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("a number of seconds >= 0")
+    return number
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A mapping, also as the JSON text ``serve run key=value`` passes (``ray_actor_options='{"num_cpus": 1}'``)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError("a mapping (JSON on the command line)") from None
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError("a mapping (JSON on the command line)")
+    return value
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part]
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError("a list of strings (comma-separated on the command line)")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError("true or false")
+    return value
+
+
+#: The builder's arguments: name -> (checker, what it is). modelserve's own settings first, then the
+#: deployment options passed on to Ray under the same names.
+ARGUMENTS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "project": (_text, "the project folder (relative to the working directory of the process that builds)"),
+    "name": (_text, f"the deployment's name (default: {DEFAULT_NAME})"),
+    "jobs_store": (_text, "overrides the project's jobs store (a redis:// URL for several replicas)"),
+    "api_key_env": (_text, "require an API key; the keys are in this environment variable (--api-key-env)"),
+    "cors_origins": (_texts, "origins of web pages allowed to call (--cors-origin)"),
+    "docs": (_flag, "serve /docs (default: true)"),
+    "graceful_timeout": (_seconds, f"seconds in-flight work gets at shutdown (default: {DEFAULT_GRACE:g})"),
+    "num_replicas": (_replicas, "replicas (default: 1), or 'auto' for Ray's default autoscaling"),
+    "autoscaling_config": (_mapping, "Ray's autoscaling_config (min_replicas, max_replicas, ...)"),
+    "ray_actor_options": (_mapping, "what each replica reserves: " + ", ".join(ACTOR_OPTIONS)),
+    "max_ongoing_requests": (_count, "requests a replica holds at once (default: from the project's limits)"),
+    "max_queued_requests": (_count, "requests Ray's router holds for the deployment (default: Ray's, no bound)"),
+    "health_check_period_s": (_seconds, "seconds between Ray's health checks of a replica"),
+    "health_check_timeout_s": (_seconds, "seconds a health check may take"),
+}
+#: Arguments that are options of the deployment itself, passed on to ``serve.deployment``.
+_DEPLOYMENT_KEYS = (
+    "num_replicas",
+    "autoscaling_config",
+    "ray_actor_options",
+    "max_ongoing_requests",
+    "max_queued_requests",
+    "health_check_period_s",
+    "health_check_timeout_s",
+)
+
+
+@dataclass
+class Plan:
+    """What `app` deploys: the project folder, the settings every replica's app gets, and Ray's options."""
+
+    project: str
+    name: str = DEFAULT_NAME
+    settings: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_replicas(self) -> int | None:
+        """The most replicas this deployment may run (None: Ray decides, as with ``num_replicas: auto``)."""
+        autoscaling = self.options.get("autoscaling_config")
+        if autoscaling is not None:
+            most = autoscaling.get("max_replicas")
+            return most if isinstance(most, int) else None
+        replicas = self.options.get("num_replicas", 1)
+        return replicas if isinstance(replicas, int) else None
+
+
+def plan(args: Mapping[str, Any]) -> Plan:
+    """Check the builder's arguments and the project (its modelserve.yaml, without importing its code) and
+    derive Ray's options: every mistake in one `ConfigError`, before Ray starts anything."""
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"modelserve.ray.app: expected a dict of arguments, got {type(args).__name__}")
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for key, raw in args.items():
+        if key not in ARGUMENTS:
+            known = ", ".join(ARGUMENTS)
+            problems.append(f"unknown argument {key!r} (modelserve.ray knows: {known})")
+            continue
+        check, wanted = ARGUMENTS[key]
+        try:
+            values[key] = check(raw)
+        except ValueError as exc:
+            problems.append(f"argument {key!r}: expected {exc}, got {raw!r}")
+    if "project" not in args:
+        problems.append("argument 'project' is required: the project folder (project=path/to/project)")
+    for key in ("ray_actor_options",):
+        for option in values.get(key, {}):
+            if option not in ACTOR_OPTIONS:
+                problems.append(f"argument {key!r}: unknown option {option!r} (known: {', '.join(ACTOR_OPTIONS)})")
+    if "num_replicas" in values and "autoscaling_config" in values:
+        problems.append("give 'num_replicas' or 'autoscaling_config', not both")
+    if problems:
+        raise ConfigError("modelserve.ray: " + "; ".join(problems))
+
+    project_dir = caller_dir() / values["project"]
+    project = load_project_config(project_dir)  # a ConfigError names the file and every problem in it
+    result = Plan(project=str(project.root), name=values.get("name", DEFAULT_NAME))
+    grace = values.get("graceful_timeout", DEFAULT_GRACE)
+    result.settings = {
+        "jobs_store": values.get("jobs_store"),
+        "api_key_env": values.get("api_key_env"),
+        "cors_origins": values.get("cors_origins", []),
+        "docs": values.get("docs", True),
+        "graceful_timeout": grace,
+    }
+    result.options = {key: values[key] for key in _DEPLOYMENT_KEYS if key in values}
+    result.options.setdefault(
+        "max_ongoing_requests", sum(api.max_concurrency + api.max_queue_length for api in project.apis)
+    )
+    result.options["graceful_shutdown_timeout_s"] = grace
+
+    async_apis = [api.name for api in project.apis if api.kind == "async"]
+    store = result.settings["jobs_store"] or project.jobs.store
+    replicas = result.max_replicas
+    if async_apis and store_kind(store) != "redis" and (replicas is None or replicas > 1):
+        how_many = "an autoscaled number of" if replicas is None else str(replicas)
+        raise ConfigError(
+            f"modelserve.ray: the async APIs ({', '.join(async_apis)}) keep their jobs in the {store!r} store, which"
+            f" {how_many} replicas cannot share (a job submitted through one replica must be polled through any):"
+            " set jobs: store: redis://... in modelserve.yaml, or the argument jobs_store=redis://..."
+        )
+    result.settings["workers"] = replicas or 2
+    return result
+
+
+def app(args: Mapping[str, Any]) -> Any:
+    """The Ray Serve application of a project folder (a Ray Serve application builder).
+
+    ``args`` are the ones `ARGUMENTS` names (``serve run modelserve.ray:app project=... num_replicas=2``
+    passes them as text; a config file's ``args:`` as YAML values)::
+
+        serve.run(modelserve.ray.app({"project": "examples/iris", "num_replicas": 2,
+                                      "ray_actor_options": {"num_cpus": 1, "num_gpus": 0.5}}))
+
+    Raises `ConfigError` for a mistake in the arguments or the project, `MissingExtraError` without Ray Serve.
+    """
+    deployment_plan = plan(args)
+    serve = _serve()
+    ingress = serve.ingress()(Replica)
+    deployment = serve.deployment(ingress, name=deployment_plan.name, **deployment_plan.options)
+    return deployment.bind(deployment_plan.project, deployment_plan.settings)
+
+
+def _serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError:
+        raise MissingExtraError("ray[serve]", "ray") from None
+    return serve
+
+
+class Replica:
+    """One replica: the project's app (`create_app`), loaded before Ray sends it a request.
+
+    Ray Serve's ``serve.ingress()`` wraps it (in `app`), so that Ray's proxy hands requests to the app this
+    class builds (``__serve_build_asgi_app__``); the ASGI lifespan Ray runs then closes the server at the
+    replica's shutdown (async jobs released back to their queue).
+    """
+
+    async def __init__(self, project: str, settings: dict[str, Any]) -> None:  # type: ignore[misc]
+        from modelserve.http import create_app
+
+        failures: list[LoadError] = []
+        self._app = create_app(
+            project,
+            on_load_error=failures.append,
+            jobs_store=settings["jobs_store"],
+            workers=settings["workers"],
+            api_key_env=settings["api_key_env"],
+            cors_origins=settings["cors_origins"],
+            docs=settings["docs"],
+        )
+        server = self._app.server
+        server.graceful_timeout = settings["graceful_timeout"]
+        await server.wait_loaded()  # Ray routes to a replica once its constructor returns
+        if failures:
+            reasons = "; ".join(map(str, failures))
+            raise LoadError(f"modelserve.ray: the project failed to load in this replica: {reasons}")
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return self._app
+
+    def check_health(self) -> None:
+        """Ray's health check: a replica whose APIs are not all ready is replaced."""
+        server = self._app.server
+        if not server.ready:
+            states = ", ".join(f"{name}: {api.state}" for name, api in server.apis.items())
+            raise RuntimeError(f"modelserve replica not ready ({states})")

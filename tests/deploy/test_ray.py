@@ -1,0 +1,208 @@
+"""modelserve.ray: the builder's checks (no Ray started), then a real Ray Serve deployment of a project.
+
+Ray's services talk over the machine's non-loopback address, and tests may use loopback only: the deployment
+runs in a driver process (tests/deploy/ray_driver.py) inside private network and PID namespaces that hold
+only loopback (``unshare``, as root), so Ray uses 127.0.0.1 throughout and every process it started ends
+with the namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from modelserve.errors import ConfigError, MissingExtraError
+from modelserve.ray import DEFAULT_GRACE, plan
+from tests.conftest import REPO, write_project
+
+DRIVER = Path(__file__).with_name("ray_driver.py")
+REDIS_PORT = 6399  # inside the test's own network namespace, where nothing else listens
+
+MODEL = """
+import os
+
+class Who:
+    def predict(self, inputs):
+        return {"pid": os.getpid()}
+
+class Boom:
+    def predict(self, inputs):
+        raise RuntimeError("boom")
+
+class Tokens:
+    def predict(self, inputs):
+        for index in range(3):
+            yield f"t{index} "
+"""
+JOBS = """
+import os
+
+class Handler:
+    def __init__(self, config):
+        pass
+
+    def handle_async(self, payload, request_id):
+        return {"pid": os.getpid(), "text": payload["text"]}
+"""
+
+
+def project_yaml(store: str) -> str:
+    return f"""
+    jobs: {{store: "{store}"}}
+    apis:
+      - {{name: who, handler: {{path: model.py, class: Who}}, max_body_size: 100, max_concurrency: 2}}
+      - {{name: boom, handler: {{path: model.py, class: Boom}}}}
+      - {{name: tokens, handler: {{path: model.py, class: Tokens}}, max_queue_length: 7}}
+      - {{name: job, kind: async, handler: {{path: jobs.py, class: Handler}}}}
+    """
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    files = {"model.py": MODEL, "jobs.py": JOBS, "modelserve.yaml": project_yaml(f"redis://127.0.0.1:{REDIS_PORT}/0")}
+    return write_project(tmp_path / "project", files)
+
+
+def test_plan_derives_ray_options_from_the_project(project: Path) -> None:
+    result = plan({"project": str(project), "num_replicas": "2", "ray_actor_options": '{"num_cpus": 0.5}'})
+    # who: 2 + 100, boom: 1 + 100, tokens: 1 + 7, job: 1 + 100 (the default limits of modelserve.yaml)
+    assert result.options == {
+        "num_replicas": 2,
+        "ray_actor_options": {"num_cpus": 0.5},
+        "max_ongoing_requests": 312,
+        "graceful_shutdown_timeout_s": DEFAULT_GRACE,
+    }
+    assert result.project == str(project.resolve())
+    assert result.settings["workers"] == 2
+    assert plan({"project": str(project), "max_ongoing_requests": 8}).options["max_ongoing_requests"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ({"num_replicas": 2, "replicas": 2}, "unknown argument 'replicas'"),
+        ({"num_replicas": "two"}, "argument 'num_replicas': expected a positive integer or 'auto'"),
+        ({"ray_actor_options": {"num_gpu": 1}}, "unknown option 'num_gpu'"),
+        ({"autoscaling_config": "{not json"}, "argument 'autoscaling_config': expected a mapping"),
+        ({"num_replicas": 2, "autoscaling_config": {"max_replicas": 2}}, "not both"),
+    ],
+)
+def test_plan_refuses_a_mistake_naming_it(project: Path, args: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        plan({"project": str(project), **args})
+
+
+def test_plan_refuses_a_missing_or_invalid_project(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="argument 'project' is required"):
+        plan({"num_replicas": 1})
+    with pytest.raises(ConfigError, match="does not exist"):
+        plan({"project": str(tmp_path / "nowhere")})
+    invalid = "apis: [{name: x, handler: {path: m.py}, max_concurrency: 0}]"
+    bad = write_project(tmp_path / "bad", {"modelserve.yaml": invalid})
+    with pytest.raises(ConfigError, match="max_concurrency"):
+        plan({"project": str(bad)})
+
+
+@pytest.mark.parametrize(
+    ("store", "args"),
+    [
+        ("sqlite", {"num_replicas": 2}),
+        ("memory", {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}),
+        ("sqlite", {"num_replicas": "auto"}),
+    ],
+)
+def test_async_apis_on_several_replicas_need_a_shared_store(tmp_path: Path, store: str, args: dict[str, Any]) -> None:
+    folder = write_project(tmp_path / "p", {"jobs.py": JOBS, "modelserve.yaml": project_yaml(store)})
+    folder.joinpath("model.py").write_text(MODEL)
+    with pytest.raises(ConfigError, match=r"cannot share .* jobs_store=redis://"):
+        plan({"project": str(folder), **args})
+    assert plan({"project": str(folder)}).settings["workers"] == 1  # one replica may keep its own store
+    plan({"project": str(folder), **args, "jobs_store": "redis://127.0.0.1:1/0"})  # a shared store is fine
+
+
+def test_without_ray_the_error_says_what_to_install(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import modelserve.ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(MissingExtraError, match=re.escape("modelserve[ray]")):
+        modelserve.ray.app({"project": str(project)})
+
+
+def _namespaces_work() -> bool:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", "ip link set lo up"],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+REQUESTS: list[list[Any]] = [
+    ["POST", "/who", "{bad", {"content-type": "application/json"}],  # 400: not JSON
+    ["POST", "/who", "[" + "1," * 60 + "1]", {"content-type": "application/json"}],  # 413: max_body_size 100
+    ["POST", "/boom", "{}", {"content-type": "application/json"}],  # 500: user code raised
+    ["POST", "/tokens", "{}", {"content-type": "application/json"}],  # a stream
+    ["GET", "/nowhere", None, {}],  # 404
+    ["GET", "/readyz", None, {}],
+    ["GET", "/v2/health/ready", None, {}],
+    ["GET", "/v2/models/tokens", None, {}],
+]
+
+
+def _without_request_id(text: str) -> Any:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(document, dict):
+        document.pop("request_id", None)
+    return document
+
+
+@pytest.mark.slow
+def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_server: Any) -> None:
+    pytest.importorskip("ray.serve", reason='Ray Serve is the "ray" extra (the dev extra installs it)')
+    if os.geteuid() != 0 or not _namespaces_work():
+        pytest.skip("Ray runs in a private network namespace here (unshare as root), and none can be made")
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/test installs it)")
+    redis = f"redis-server --port {REDIS_PORT} --bind 127.0.0.1 --save '' --appendonly no --daemonize yes"
+    script = f'ip link set lo up && {redis} >/dev/null && exec "$0" "$@"'
+    run = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script]
+        + [sys.executable, str(DRIVER), str(project), json.dumps({"num_replicas": 2}), json.dumps(REQUESTS)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-6000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+
+    assert len(result["pids"]) == 2  # both replicas answered
+    assert result["job"]["status"] == "completed", result["job"]  # submitted, run and polled through the proxy
+    assert result["job"]["result"]["text"] == "x"
+
+    direct = start_server(project, "--jobs-store", "memory")  # python -m modelserve, the same project
+    direct.wait_ready()
+    expected = []
+    for method, path, body, headers in REQUESTS:
+        answer = httpx.request(method, direct.url + path, content=body, headers=headers)
+        expected.append([answer.status_code, answer.headers.get("content-type"), answer.text])
+    statuses = [status for status, _, _ in result["answers"]]
+    assert statuses == [400, 413, 500, 200, 404, 200, 200, 200]
+    for (status, kind, text), (want_status, want_kind, want_text) in zip(result["answers"], expected, strict=True):
+        assert (status, kind) == (want_status, want_kind)
+        assert _without_request_id(text) == _without_request_id(want_text)
+    assert "request_id" in json.loads(result["answers"][2][2])  # the 500 names the request, not the traceback
