@@ -20,6 +20,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from modelserve.api import Api
 from modelserve.api_metrics import ApiMetrics
@@ -32,6 +33,15 @@ from modelserve.metrics import Metrics, MetricsClient
 logger = logging.getLogger("modelserve")
 
 LoadErrorCallback = Callable[[LoadError], None]
+
+
+class Companion(Protocol):
+    """A server of another transport that runs beside the HTTP app on its loop (`modelserve.grpc`)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float | None = None) -> None: ...
+
 
 #: The collector's youngest-generation threshold in a served process (the interpreter's default: 700 before
 #: Python 3.13, 2,000 since): net new containers before a collection. See `tune_collector`.
@@ -67,6 +77,9 @@ class ModelServer:
         self._loading: asyncio.Task[None] | None = None
         #: Whether loading ends with `tune_collector()` (the CLI's processes, which serve one project each).
         self.tune_collector_after_load = False
+        #: Servers of other transports, started with loading and stopped by `close` (the gRPC server).
+        self.companions: list[Companion] = []
+        self._companions: list[asyncio.Task[None]] = []
 
     @property
     def ready(self) -> bool:
@@ -89,8 +102,17 @@ class ModelServer:
     def start(self) -> None:
         """Start loading every API, once, on the running loop."""
         if self._loading is None:
-            self._loading = asyncio.get_running_loop().create_task(self._load_all())
+            loop = asyncio.get_running_loop()
+            self._loading = loop.create_task(self._load_all())
             self.metrics.start()
+            self._companions = [loop.create_task(self._start(companion)) for companion in self.companions]
+
+    async def _start(self, companion: Companion) -> None:
+        try:
+            await companion.start()
+        except LoadError as exc:
+            logger.error("%s", exc)
+            self._failed(exc)
 
     async def _load_all(self) -> None:
         # gather: cancelling loading (close()) cancels every API's load.
@@ -133,6 +155,8 @@ class ModelServer:
         await asyncio.shield(self._loading)
 
     async def close(self) -> None:
+        for companion in self.companions:
+            await companion.stop(self.graceful_timeout)
         if self.jobs is not None:
             await self.jobs.stop()
         if self._loading is not None and not self._loading.done():

@@ -220,7 +220,6 @@ class V2Model(Exchange):
             return body, JSON_TYPE, None
         return body, BYTES_TYPE, [(b"inference-header-content-length", str(json_length).encode())]
 
-
     def outputs(self, result: Any, request: InferRequest) -> dict[str, Any]:
         """The outputs of a call's `result` to send: those `request` names (a 400 for one the model did not
         return), else the declared ones. `TypeError` for a result that holds no tensors (see `not_encoded`)."""

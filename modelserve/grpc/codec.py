@@ -1,0 +1,146 @@
+"""The Open Inference Protocol's tensors over gRPC: a ``ModelInferRequest`` to an `InferRequest` of numpy arrays,
+and a call's outputs to a ``ModelInferResponse``. No gRPC here, only the generated messages.
+
+An input's data comes either in ``raw_input_contents`` (one entry per input, in order, the bytes that the HTTP
+binary extension would carry: little-endian, BYTES elements as 4-byte lengths and their bytes), viewed
+without a copy, or in its ``contents``, the repeated field of its datatype (FP16 and BF16 travel raw only).
+Every check of the HTTP route is made here too (`modelserve.v2`): a known datatype, a shape of at most
+`MAX_RANK` dimensions whose element count the message can hold, data of exactly that many elements, and the
+model's own signature afterwards; each failure is a `BadRequest` naming the input, decided before any array
+is made. Outputs are answered in ``raw_output_contents``, as Triton does.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from modelserve.errors import BadRequest
+from modelserve.grpc._proto import grpc_service_pb2 as pb
+from modelserve.v2 import DATATYPES, FIXED, InferRequest, V2Inputs, datatype_of, element_count, from_binary
+
+#: The repeated field of ``InferTensorContents`` that holds each datatype's elements.
+CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_KNOWN = frozenset(DATATYPES)
+_LENGTH = struct.Struct("<I")
+
+
+def parameters(entries: Mapping[str, Any]) -> dict[str, Any]:
+    """A map of ``InferParameter`` as plain values."""
+    values = {}
+    for key, parameter in entries.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        values[key] = None if choice is None else getattr(parameter, choice)
+    return values
+
+
+def decode_infer(request: Any, text: bool) -> InferRequest:
+    """The inputs of a ``ModelInferRequest``; `text`: BYTES elements become str (a runtime's string tensors)."""
+    raw = request.raw_input_contents
+    tensors = request.inputs
+    if not tensors:
+        raise BadRequest("the inference request has no inputs")
+    if raw and len(raw) != len(tensors):
+        raise BadRequest(
+            f"raw_input_contents holds {len(raw)} entries for {len(tensors)} inputs; send every input's data there, "
+            "in the order of the inputs, or none"
+        )
+    room = request.ByteSize()
+    inputs = V2Inputs.of(parameters=parameters(request.parameters))
+    for index, tensor in enumerate(tensors):
+        name = tensor.name
+        if not name:
+            raise BadRequest(f"input {index} has no name")
+        if name in inputs:
+            raise BadRequest(f"input '{name}' is given twice")
+        datatype = tensor.datatype
+        if datatype not in _KNOWN:
+            raise BadRequest(f"input '{name}': unknown datatype {datatype[:40]!r}; known: {', '.join(DATATYPES)}")
+        shape = list(tensor.shape)
+        count = element_count(name, shape, room)
+        if raw:
+            if tensor.HasField("contents"):
+                raise BadRequest(f"input '{name}' has both contents and raw_input_contents; send one")
+            data = raw[index]
+            inputs[name] = from_binary(name, datatype, shape, data, 0, len(data), text, count)
+        else:
+            inputs[name] = _from_contents(name, datatype, shape, tensor.contents, count, text)
+    outputs: dict[str, bool | None] | None = None
+    if request.outputs:
+        outputs = {}
+        for wanted in request.outputs:
+            for unsupported in ("shared_memory_region", "classification"):
+                if unsupported in wanted.parameters:
+                    raise BadRequest(f"output '{wanted.name}': {unsupported} is not supported by modelserve")
+            outputs[wanted.name] = None
+    return InferRequest(request.id or None, inputs, outputs, True)
+
+
+def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, count: int, text: bool) -> np.ndarray:
+    field = CONTENTS.get(datatype)
+    if field is None:
+        raise BadRequest(f"input '{name}': {datatype} tensors travel only in raw_input_contents")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise BadRequest(f"input '{name}': shape {shape} has {count} elements, but contents.{field} has {len(values)}")
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        if text:
+            try:
+                array[:] = [value.decode() for value in values]
+            except UnicodeDecodeError:
+                raise BadRequest(f"input '{name}': the model's string input needs UTF-8 text") from None
+        else:
+            array[:] = list(values)
+        return array.reshape(shape)
+    dtype = FIXED[datatype]
+    if dtype.kind in "iu" and dtype.itemsize < 4 and count:
+        wide = np.asarray(values, dtype=np.int64)
+        limits = np.iinfo(dtype)
+        if wide.min() < limits.min or wide.max() > limits.max:
+            raise BadRequest(f"input '{name}': contents.{field} holds values out of the range of {datatype}")
+        return wide.astype(dtype).reshape(shape)
+    return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+def _raw(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        parts = []
+        for item in array.reshape(-1):
+            data = item.encode() if isinstance(item, str) else bytes(item)
+            parts.append(_LENGTH.pack(len(data)))
+            parts.append(data)
+        return b"".join(parts)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).tobytes()
+
+
+def encode_infer(model_name: str, version: str, request: InferRequest, outputs: Mapping[str, np.ndarray]) -> Any:
+    """The ``ModelInferResponse`` of `outputs` (those the request named, else all), as raw contents.
+
+    A datatype numpy cannot give raises `TypeError` (the model's fault)."""
+    response = pb.ModelInferResponse(model_name=model_name, model_version=version, id=request.id or "")
+    names = outputs if request.outputs is None else request.outputs
+    for name in names:
+        array = outputs[name]
+        datatype = datatype_of(array.dtype)
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(_raw(array, datatype))
+    return response

@@ -1,0 +1,142 @@
+"""The gRPC server of a `ModelServer`, started and stopped with it in the same process as the HTTP server.
+
+`GrpcServer` is a companion of the model server (`ModelServer.companions`): the model server starts it on
+its event loop when it starts loading, and stops it when it closes. It serves
+
+* ``inference.GRPCInferenceService`` (`modelserve.grpc.servicer`), registered from the service's descriptor:
+  the methods modelserve implements; the others (shared memory, trace and log settings) answer
+  UNIMPLEMENTED;
+* ``grpc.health.v1.Health`` for Kubernetes probes: NOT_SERVING until every API is ready, then SERVING, for
+  the server (``""``), for ``inference.GRPCInferenceService`` and for each API by name.
+
+Messages larger than the largest ``max_body_size`` of the APIs are refused by gRPC itself
+(RESOURCE_EXHAUSTED); each API's own limit is checked by the servicer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from modelserve.errors import LoadError
+from modelserve.grpc._proto import grpc_service_pb2 as pb
+from modelserve.grpc.servicer import InferenceServicer
+from modelserve.http.auth import ApiKeys
+from modelserve.server import ModelServer
+
+logger = logging.getLogger("modelserve")
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """The service's methods that `servicer` implements, by the descriptor of the vendored proto."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    methods = {}
+    for method in service.methods:
+        function = getattr(servicer, method.name, None)
+        if function is None:
+            continue
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        if method.client_streaming:
+            make = grpc.stream_stream_rpc_method_handler
+        else:
+            make = grpc.unary_unary_rpc_method_handler
+        methods[method.name] = make(
+            function, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, methods)
+
+
+class GrpcServer:
+    """Serves a model server's APIs over gRPC on ``host:port`` (TLS with a certificate and its key)."""
+
+    def __init__(
+        self,
+        server: ModelServer,
+        host: str,
+        port: int,
+        *,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+    ) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self.certfile, self.keyfile = certfile, keyfile
+        auth = server.project.auth
+        keys = ApiKeys.from_config(auth, server.project.root) if auth is not None else None
+        self.servicer = InferenceServicer(server, keys)
+        self.health = HealthServicer()
+        self._grpc: grpc.aio.Server | None = None
+        self._watching: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind and serve; `LoadError` when the port cannot be bound."""
+        limit = self.servicer.max_message
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", -1),
+            ]
+        )
+        server.add_generic_rpc_handlers((inference_handler(self.servicer),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        await self._set_health()
+        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        try:
+            if self.certfile is not None:
+                with open(self.certfile, "rb") as cert:
+                    chain = cert.read()
+                with open(self.keyfile or self.certfile, "rb") as key:
+                    private = key.read()
+                bound = server.add_secure_port(address, grpc.ssl_server_credentials([(private, chain)]))
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise LoadError(f"gRPC: cannot listen on {address}: {exc}") from None
+        if not bound:
+            raise LoadError(f"gRPC: cannot listen on {address}")
+        self.port = bound
+        await server.start()
+        self._grpc = server
+        self._watching = asyncio.get_running_loop().create_task(self._follow_loading())
+        logger.info("gRPC: serving on %s%s", address.rsplit(":", 1)[0], f":{bound}")
+
+    async def _follow_loading(self) -> None:
+        await self.server.wait_loaded()
+        await self._set_health()
+
+    async def _set_health(self) -> None:
+        """The health service's statuses, from the APIs' readiness now."""
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        ready = self.server.ready
+        for service in ("", SERVICE):
+            await self.health.set(service, serving if ready else not_serving)
+        for name, model in self.servicer.models.items():
+            await self.health.set(name, serving if model.api.ready else not_serving)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking calls; the running ones get `grace` seconds to finish."""
+        if self._watching is not None:
+            self._watching.cancel()
+        if self._grpc is not None:
+            await self.health.enter_graceful_shutdown()
+            await self._grpc.stop(grace)
+            self._grpc = None
+
+    async def refresh(self) -> None:
+        """Follow a change of the APIs' readiness (a model loaded or unloaded)."""
+        await self._set_health()
+
+
+def attach(server: ModelServer, host: str, port: int, **tls: Any) -> GrpcServer:
+    """Serve `server`'s APIs over gRPC too, from when it starts until it closes."""
+    grpc_server = GrpcServer(server, host, port, **tls)
+    server.companions.append(grpc_server)
+    return grpc_server

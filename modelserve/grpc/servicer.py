@@ -1,0 +1,299 @@
+"""The KServe V2 / Triton ``inference.GRPCInferenceService``: each method an adapter over the same APIs as the
+HTTP routes, an inference through `Api.call` like any other.
+
+::
+
+    ServerLive, ServerReady                     the server's liveness and readiness (no API key needed)
+    ServerMetadata                              name "modelserve", its version and the extensions
+    ModelReady, ModelMetadata, ModelConfig      one model (a realtime API): ready, its tensors, its config
+    ModelInfer                                  an inference: raw_input_contents or typed contents
+    ModelStreamInfer                            a stream of inferences, answered in order
+    ModelStatistics                             the statistics extension, as over HTTP
+    RepositoryIndex, RepositoryModelLoad/Unload the model repository (`modelserve.repository`)
+
+An inference is admitted (the API's line, 503 as UNAVAILABLE), decoded and checked against the model's
+signature (`modelserve.grpc.codec`, INVALID_ARGUMENT naming the input), and called with a `cancelled` that
+completes when the RPC ends early: the client cancels it, or its deadline passes. Every error goes through
+the HTTP edge's one error map (`modelserve.http.errors.render`), whose status picks the gRPC code (`CODES`)
+and whose message is the answer's details (Triton's wording for an unknown model). The metrics and the
+statistics count a gRPC call like an HTTP request with the matching status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import orjson
+from google.protobuf import json_format
+
+from modelserve.context import RequestContext, current, sane_request_id
+from modelserve.errors import ClientDisconnected, HTTPError, NotFound, PayloadTooLarge
+from modelserve.grpc._proto import grpc_service_pb2 as pb
+from modelserve.grpc._proto import model_config_pb2 as config_pb
+from modelserve.grpc.codec import decode_infer, encode_infer
+from modelserve.http.auth import Access, ApiKeys
+from modelserve.http.errors import render
+from modelserve.http.v2 import EXTENSIONS, V2Model, statistics
+from modelserve.server import ModelServer
+
+logger = logging.getLogger("modelserve")
+
+#: The gRPC status of each HTTP status the error map answers with.
+CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+#: The methods a client may call without an API key (the probes).
+OPEN = frozenset({"ServerLive", "ServerReady"})
+#: ModelConfig's data_type of each V2 datatype.
+CONFIG_TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BF16": "TYPE_BF16",
+    "BYTES": "TYPE_STRING",
+}
+
+
+def _metadata(context: Any) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
+
+class RpcEnded:
+    """`Api.call`'s `cancelled` for a gRPC call (a `modelserve.watch.Subscribable`): completes when the RPC
+    ends before its answer, because the client cancelled it or its deadline passed."""
+
+    __slots__ = ("context", "_ended")
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self._ended: asyncio.Event | None = None
+
+    def __call__(self) -> Any:
+        ended = self._ended = asyncio.Event()
+        self.context.add_done_callback(lambda _: ended.set())
+        return self._wait(ended)
+
+    @staticmethod
+    async def _wait(ended: asyncio.Event) -> str:
+        await ended.wait()
+        return "disconnect"
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        live = [True]
+
+        def done(_: Any) -> None:
+            if live[0]:
+                callback()
+
+        self.context.add_done_callback(done)
+        return lambda: live.__setitem__(0, False)
+
+
+class InferenceServicer:
+    """The methods of ``inference.GRPCInferenceService`` over a `ModelServer`'s realtime APIs."""
+
+    def __init__(self, server: ModelServer, keys: ApiKeys | None) -> None:
+        self.server = server
+        self.keys = keys if keys is not None and keys.api_keys else None
+        self.models = {name: V2Model(api) for name, api in server.apis.items() if api.config.kind == "realtime"}
+        #: The largest message any API takes (gRPC's own limit); each API's ``max_body_size`` is checked too.
+        self.max_message = max((model.api.config.max_body_size for model in self.models.values()), default=1 << 20)
+
+    # ------------------------------------------------------------------------------------------------
+    # the shared steps
+
+    def _model(self, name: str, version: str) -> V2Model:
+        model = self.models.get(name)
+        if model is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if version not in ("", "1"):
+            raise NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
+        return model
+
+    def _authorize(self, context: Any, method: str, api: str | None) -> None:
+        keys = self.keys
+        if keys is None or method in OPEN:
+            return
+        if api is not None and keys.protected_apis is not None and api not in keys.protected_apis:
+            return
+        metadata = _metadata(context)
+        authorization, api_key = metadata.get("authorization"), metadata.get("x-api-key")
+        refusal = keys.check(
+            Access.API_KEY,
+            authorization.encode("latin-1", "replace") if authorization is not None else None,
+            api_key.encode("latin-1", "replace") if api_key is not None else None,
+        )
+        if refusal is not None:
+            raise refusal.error(Access.API_KEY)
+
+    async def _abort(self, context: Any, exc: BaseException, request_id: str) -> None:
+        status, body, _ = render(exc, request_id)
+        message = orjson.loads(body)["error"]
+        await context.abort(CODES.get(status, grpc.StatusCode.INTERNAL), message)
+
+    async def _answer(self, context: Any, method: str, api: str | None, make: Callable[[], Any]) -> Any:
+        """The answer of a method other than an inference, or its error as a status."""
+        try:
+            self._authorize(context, method, api)
+            return make()
+        except HTTPError as exc:
+            await self._abort(context, exc, sane_request_id(None))
+
+    # ------------------------------------------------------------------------------------------------
+    # health and metadata
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - the protocol's names
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.ServerReadyResponse(ready=self.server.ready)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        from modelserve import __version__
+
+        return await self._answer(
+            context,
+            "ServerMetadata",
+            None,
+            lambda: pb.ServerMetadataResponse(name="modelserve", version=__version__, extensions=EXTENSIONS),
+        )
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def make() -> Any:
+            model = self.models.get(request.name)
+            ready = model is not None and request.version in ("", "1") and model.api.ready
+            return pb.ModelReadyResponse(ready=ready)
+
+        return await self._answer(context, "ModelReady", request.name, make)
+
+    def _ready_model(self, name: str, version: str) -> V2Model:
+        model = self._model(name, version)
+        if not model.api.ready:
+            raise model.api.not_ready()
+        return model
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def make() -> Any:
+            model = self._ready_model(request.name, request.version)
+            described = model.signature().describe(model.name)
+            return json_format.ParseDict(described, pb.ModelMetadataResponse())
+
+        return await self._answer(context, "ModelMetadata", request.name, make)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def make() -> Any:
+            model = self._ready_model(request.name, request.version)
+            signature = model.signature()
+            batching = model.api.config.batching
+            config = config_pb.ModelConfig(
+                name=model.name,
+                platform=signature.platform,
+                max_batch_size=batching.max_batch_size if batching is not None else 0,
+            )
+            for tensors, field in ((signature.inputs, config.input), (signature.outputs, config.output)):
+                for meta in tensors or ():
+                    field.add(
+                        name=meta.name,
+                        data_type=config_pb.DataType.Value(CONFIG_TYPES[meta.datatype]),
+                        dims=list(meta.shape or [-1]),
+                    )
+            return pb.ModelConfigResponse(config=config)
+
+        return await self._answer(context, "ModelConfig", request.name, make)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def make() -> Any:
+            if request.name:
+                apis = [self._model(request.name, request.version).api]
+            else:
+                apis = [model.api for model in self.models.values()]
+            answer = {"model_stats": [statistics(api) for api in apis]}
+            return json_format.ParseDict(answer, pb.ModelStatisticsResponse())
+
+        return await self._answer(context, "ModelStatistics", request.name or None, make)
+
+    # ------------------------------------------------------------------------------------------------
+    # inference
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        request_id = sane_request_id(request.id or _metadata(context).get("x-request-id"))
+        try:
+            return await self._infer(request, context, request_id)
+        except HTTPError as exc:
+            await self._abort(context, exc, request_id)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        """Each request of the stream answered in turn; a request that fails is answered with its error and the
+        stream goes on, as Triton does."""
+        async for request in requests:
+            request_id = sane_request_id(request.id or None)
+            try:
+                answer = await self._infer(request, context, request_id)
+            except HTTPError as exc:
+                _, body, _ = render(exc, request_id)
+                yield pb.ModelStreamInferResponse(error_message=orjson.loads(body)["error"])
+            else:
+                yield pb.ModelStreamInferResponse(infer_response=answer)
+
+    async def _infer(self, request: Any, context: Any, request_id: str) -> Any:
+        started = time.perf_counter()
+        model = self._model(request.model_name, request.model_version)
+        api = model.api
+        self._authorize(context, "ModelInfer", api.name)
+        ctx = RequestContext(api.name, request_id)
+        token = current.set(ctx)
+        status = 200
+        try:
+            size = request.ByteSize()
+            limit = api.config.max_body_size
+            if size > limit:
+                raise PayloadTooLarge(f"the request of {size} bytes is larger than the limit of {limit} bytes")
+            api.admit(size)
+            try:
+                signature = model.signature()
+                decoded = decode_infer(request, signature.text)
+                signature.check(decoded)
+            except BaseException:
+                api.unadmit(size)
+                raise
+            result = await model.call(decoded, ctx, cancelled=RpcEnded(context), admitted=size)
+            try:
+                outputs = model.outputs(result, decoded)
+                return encode_infer(model.name, "1", decoded, outputs)
+            except TypeError as exc:
+                raise model.not_encoded(ctx, exc) from None
+        except asyncio.CancelledError:
+            status = ClientDisconnected.status_code
+            raise
+        except HTTPError as exc:
+            status = exc.status_code
+            raise
+        except Exception as exc:
+            status = 500
+            logger.exception("api '%s': gRPC request %s failed", api.name, request_id)
+            raise HTTPError() from exc
+        finally:
+            current.reset(token)
+            api.metrics.answered(status, time.perf_counter() - started)
