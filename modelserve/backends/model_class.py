@@ -30,7 +30,13 @@ from modelserve.errors import (
     StreamWithPostprocess,
     UserCodeError,
 )
-from modelserve.introspect import describe_callable, inspect_model_class, required_unknown_params, select_kwargs
+from modelserve.introspect import (
+    ModelSpec,
+    describe_callable,
+    inspect_model_class,
+    required_unknown_params,
+    select_kwargs,
+)
 from modelserve.pipeline import Pipeline, Stage, StageCall, StageTimer, adapt
 from modelserve.project import apply_api_environment, describe_error
 from modelserve.schema import TypedValue
@@ -146,7 +152,7 @@ class ModelClassBackend(Backend):
         if root is not None:
             apply_api_environment(root, api.env, api.python_path)
         self.cls, self.label = resolve_class(api, root, "Model")
-        self.spec = inspect_model_class(self.cls, self.label)
+        self.spec = self.inspect_class()
         self.metrics_client = metrics_client
         self.api_metrics = api_metrics
         self.instance: Any = None
@@ -167,6 +173,11 @@ class ModelClassBackend(Backend):
                     f"{self.label}: with batching, predict receives a list of inputs and cannot take the request; "
                     "read the request in preprocess"
                 )
+
+    def inspect_class(self) -> ModelSpec:
+        """The class's stages, validated (a subclass for another server's contract accepts its own shapes:
+        Truss's websocket class has no predict, `modelserve.compat.truss_backend`)."""
+        return inspect_model_class(self.cls, self.label)
 
     def arguments(self) -> dict[str, Any]:
         """What the constructor may ask for, by name (`constructor_args`)."""

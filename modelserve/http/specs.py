@@ -22,9 +22,11 @@ if TYPE_CHECKING:
     from modelserve.server import ModelServer
 
 #: Each protocol's spec modules, in the order their routes enter the table: ``native`` is ``POST /<api>`` of
-#: the realtime APIs and the job routes of the async ones; ``v2`` the Open Inference Protocol (``/v2/...``).
+#: the realtime APIs, the job routes of the async ones, OpenAI's paths of the APIs that ask for them (``openai:``,
+#: or a Truss class's ``chat_completions``...), Truss's and SageMaker's routes of a Truss API, and ``/v1/websocket``;
+#: ``v2`` the Open Inference Protocol (``/v2/...``).
 PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "native": ("modelserve.http.realtime", "modelserve.http.jobs"),
+    "native": ("modelserve.http.realtime", "modelserve.http.jobs", "modelserve.http.openai", "modelserve.http.truss"),
     "v2": ("modelserve.http.v2",),
 }
 

@@ -1,0 +1,134 @@
+"""Truss's routes over a Truss Model class, as a Truss server answers them.
+
+::
+
+    POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /v1/responses
+                                  the class's method of that name (listed by `modelserve.http.openai`)
+    POST /v1/models/<api>:predict  the API's predict (its realtime route under Truss's path)
+    GET  /ping                     SageMaker's readiness: {} once the API has loaded, else 503
+    POST /invocations              SageMaker's call: the API's predict
+
+A method is called as Truss calls it (`TrussMethod`): the body decoded as JSON (a Content-Type naming text or
+bytes gives those, as the native route does), then the method with the inputs, the request, or both, sync in a
+worker thread or async on the loop. A generator streams, chunk by chunk; a client that asks for
+``Accept: application/json`` gets the chunks gathered into one JSON value, unless it is an OpenAI client
+(its User-Agent names OpenAI), which is always streamed to, as Truss does. Each call goes through `Api.call`
+with the method's own pipeline (`TrussModelClassBackend.entries`): the API's line, concurrency slot, timeout,
+cancellation, metrics and access line, and the guard (API keys, CORS, the Host check) in front.
+
+``:predict``, ``/ping`` and ``/invocations`` are served for APIs that follow a Truss config (a Truss folder,
+or ``truss:`` in modelserve.yaml); ``/ping`` and ``/invocations`` when the project has one realtime API.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import Receive, Scope, Send
+
+from modelserve.api import Api, Stream
+from modelserve.codecs import decode_payload, encode_json
+from modelserve.context import RequestContext, new_request_id, sane_request_id
+from modelserve.http._asgi import request_headers, send_json
+from modelserve.http.errors import send_error
+from modelserve.http.exchange import Exchange, Head, exchange_route, replayed_request
+from modelserve.http.realtime import RealtimeEndpoint
+from modelserve.http.routing import Handler, Route
+
+if TYPE_CHECKING:
+    from modelserve.server import ModelServer
+
+logger = logging.getLogger("modelserve")
+
+
+def endpoints_of(api: Api) -> list[str]:
+    """The Truss methods an API's class defines besides predict (``chat_completions``...), or none."""
+    return sorted(getattr(api.backend, "endpoints", {}))
+
+
+def _head(scope: Scope) -> Head:
+    """(request id, content type, content length, (the Accept streams are framed by, the scope)) in one pass:
+    an OpenAI client (by its User-Agent) is streamed to whatever it accepts."""
+    request_id = content_type = length = accept = None
+    openai_client = False
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            content_type = value.decode("latin-1")
+        elif key == b"content-length":
+            length = value.decode("latin-1")
+        elif key == b"x-request-id":
+            request_id = value.decode("latin-1")
+        elif key == b"accept":
+            accept = value.decode("latin-1")
+        elif key == b"user-agent":
+            openai_client = b"openai" in value.lower()
+    request_id = sane_request_id(request_id) if request_id is not None else new_request_id()
+    return request_id, content_type, length, (None if openai_client else accept, scope)
+
+
+class TrussMethod(Exchange):
+    """One of a Truss class's methods (`modelserve.compat.truss_backend.ENDPOINT_METHODS`) of one API."""
+
+    def __init__(self, api: Api, method: str) -> None:
+        super().__init__(api)
+        self.method = method
+        self.call = self._call
+
+    read_head = staticmethod(_head)
+
+    def decode(self, body: bytes, head: Head, ctx: RequestContext) -> tuple[Any, Any]:
+        """(inputs, request), as the method takes them: Truss parses the body as JSON unless told otherwise."""
+        entry = self.api.backend.entries[self.method]  # type: ignore[attr-defined]
+        inputs = decode_payload(head[1] or "application/json", body) if entry.needs_inputs else None
+        request = replayed_request(head[3][1], body, ctx) if entry.needs_request else None
+        return inputs, request
+
+    def _call(self, decoded: tuple[Any, Any], ctx: RequestContext, *, request: Any, **call: Any) -> Awaitable[Any]:
+        inputs, own_request = decoded
+        entry = self.api.backend.entries[self.method]  # type: ignore[attr-defined]
+        return self.api.call(inputs, ctx, request=own_request, pipeline=entry, **call)
+
+    def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
+        if type(result) is dict:
+            return encode_json(result)
+        if isinstance(result, Stream):
+            return self._answer(result, (head[0], head[1], head[2], head[3][0]), ctx)
+        return self._answer(result, head, ctx)
+
+    post = exchange_route()
+
+
+class SageMaker:
+    """``GET /ping`` and ``POST /invocations`` of a project's one API."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.invocations = RealtimeEndpoint(api).post
+
+    async def ping(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = request_headers(scope)[0]
+        if self.api.ready:
+            await send_json(send, 200, {}, request_id)
+        else:
+            await send_error(send, self.api.not_ready(), request_id)
+
+
+def routes(server: ModelServer) -> list[Route]:
+    """``/v1/models/<api>:predict`` of each Truss API, and SageMaker's routes of a lone one."""
+    realtime = [api for api in server.apis.values() if api.config.kind == "realtime"]
+    truss = [api for api in realtime if api.config.truss is not None]
+    table = [Route(f"/v1/models/{api.name}:predict", {"POST": RealtimeEndpoint(api).post}) for api in truss]
+    if len(realtime) == 1 and truss:
+        sagemaker = SageMaker(truss[0])
+        own: list[tuple[str, dict[str, Handler]]] = [
+            ("/ping", {"GET": sagemaker.ping}),
+            ("/invocations", {"POST": sagemaker.invocations}),
+        ]
+        for path, handlers in own:
+            if path[1:] in server.apis:
+                logger.warning("an API named '%s' hides SageMaker's %s route", path[1:], path)
+            else:
+                table.append(Route(path, handlers))
+    return table
