@@ -176,3 +176,40 @@ def listen(config: Any) -> Any:
     except OSError as exc:
         reason = exc.strerror or str(exc)
     raise OSError(f"cannot listen on {host}:{config.port}: {reason}")
+
+
+#: The HTTP servers ``--server`` picks from, and the extra each needs beyond modelserve's own (None: none).
+SERVERS: dict[str, str | None] = {"uvicorn": None, "granian": "granian"}
+
+
+def serve_granian(
+    app: Any, args: argparse.Namespace, limits: Any, ssl: dict[str, Any], log_config: dict[str, Any]
+) -> list[Exception]:
+    """Serve `app` (made in this process) with granian until SIGINT or SIGTERM (`modelserve.http._granian`);
+    the load errors that stopped it, if any. `ValueError` when granian is missing or cannot hold `limits`
+    (checked before anything is bound), `OSError` naming the address when it cannot be listened on."""
+    from modelserve.http import _granian
+
+    missing = _granian.granian_missing()
+    if missing is not None:
+        raise ValueError(missing)
+    if args.workers > 1 or args.reload:
+        raise ValueError("--server granian serves one process: --workers and --reload need --server uvicorn")
+    _granian.check_limits(limits)
+    failures: list[Exception] = []
+    stops: list[Any] = []
+
+    def stop(exc: Exception) -> None:
+        failures.append(exc)
+        if stops:
+            stops[0]()
+
+    app.state.modelserve.on_load_error = stop
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    try:
+        _granian.serve(
+            app, host=args.host, port=args.port, limits=limits, ssl=ssl, log_config=log_config, on_ready=stops.append
+        )
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}") from None
+    return failures

@@ -1,0 +1,262 @@
+"""The granian edge (``--server granian``): the same app served by granian, a Rust HTTP server, in one process.
+
+granian parses HTTP and writes answers in Rust threads (hyper), so a request's HTTP work leaves the Python
+thread; the app, the batcher and the model run as under uvicorn. `serve` runs granian's embedded server on
+this process's event loop, with the app the command made. Every `TransportLimits` of modelserve is kept,
+mapped to a setting of granian or enforced in front of the app (`EdgeLimits`):
+
+- ``max_header_size``: hyper's read buffer (``HTTP1Settings.max_buffer_size``), which bounds the request line
+  and headers: larger, hyper answers 431 and closes the connection. hyper's buffer is at least 8 KiB, so a
+  smaller limit is refused at start (`check_limits`);
+- ``header_timeout``: hyper's ``header_read_timeout`` (at most 60 s in granian; a longer one is refused at
+  start): a request whose headers take longer, from its first byte or from the connection's start, is closed;
+- ``body_timeout``: enforced in front of the app: a body not complete within it of the request's start ends
+  the request as a disconnect (its ``receive`` says ``http.disconnect``) and `EdgeLimits` answers a 408 that
+  closes the connection;
+- ``refusal_pause``: enforced in front of the app: after a 503 because the line was full, the next request of
+  that connection (the same client address and port) waits out the pause before the app sees it, its wait
+  in the line counted from when it came (`ARRIVED`). The request was parsed already (in Rust, off the event
+  loop), so the pause keeps the loop's turns for the calls in flight as it does under uvicorn;
+- two ``Host`` headers: answered by `modelserve.http.guard.more_than_one_host` in front of the app;
+- the lingering close of a refused upload: hyper's own (it reads and drops what a client still sends after an
+  answer that closes the connection, then closes);
+- a lost connection: told through ``receive()`` (a task waits on it for each call that outlasts
+  `modelserve.watch.WATCH_AFTER`), as with uvicorn's own protocol.
+
+    serve(app, host="127.0.0.1", port=8888, limits=TransportLimits(), ssl={}, log_config=None)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from modelserve.errors import HTTPError, install_hint
+from modelserve.http._asgi import ARRIVED, CLOSE, REFUSED, request_headers
+from modelserve.http._protocol import TransportLimits
+from modelserve.http.errors import send_error
+from modelserve.http.guard import host_count, more_than_one_host
+
+logger = logging.getLogger(__name__)
+
+#: hyper's smallest read buffer, and so the smallest header limit granian can hold to.
+MIN_HEADER_SIZE = 8192
+#: granian's longest header read timeout, in seconds.
+MAX_HEADER_TIMEOUT = 60.0
+#: Refusals remembered at most; past it, those whose pause is over are forgotten.
+MAX_REMEMBERED = 4096
+
+
+def granian_missing() -> str | None:
+    """Why granian cannot serve (not installed: the pip command that adds it), or None."""
+    try:
+        import granian  # noqa: F401
+    except ImportError:
+        return f"--server granian needs granian, which is not installed. Install it with: {install_hint('granian')}"
+    return None
+
+
+def check_limits(limits: TransportLimits) -> None:
+    """`ValueError` naming the option when `limits` cannot be held by granian."""
+    if limits.max_header_size < MIN_HEADER_SIZE:
+        raise ValueError(
+            f"--max-header-size: granian holds at least {MIN_HEADER_SIZE} bytes of headers; "
+            f"give {MIN_HEADER_SIZE} or more, or serve with --server uvicorn"
+        )
+    if limits.header_timeout > MAX_HEADER_TIMEOUT:
+        raise ValueError(
+            f"--header-timeout: granian waits at most {MAX_HEADER_TIMEOUT:g} seconds for headers; "
+            "give less, or serve with --server uvicorn"
+        )
+
+
+def http1_settings(limits: TransportLimits) -> Any:
+    """granian's HTTP/1 settings holding `limits` (`check_limits` first)."""
+    from granian.http import HTTP1Settings
+
+    return HTTP1Settings(
+        header_read_timeout=max(1, round(limits.header_timeout * 1000)),
+        max_buffer_size=limits.max_header_size,
+    )
+
+
+class BodyTimeout(HTTPError):
+    """The request's body did not come within ``--body-timeout`` (granian's edge; uvicorn's closes at once)."""
+
+    status_code = 408
+    default_message = "the request body did not come within the body timeout"
+
+
+@dataclass
+class _Refusals:
+    """When each connection (client address and port) was last refused because the line was full."""
+
+    pause: float
+    at: dict[Any, float] = field(default_factory=dict)
+
+    def note(self, client: Any, refused_at: float) -> None:
+        at = self.at
+        if len(at) >= MAX_REMEMBERED:
+            over = time.monotonic() - self.pause
+            for key in [key for key, when in at.items() if when <= over]:
+                del at[key]
+        at[client] = refused_at
+
+
+class _Request:
+    """One request's ``receive`` with the body deadline, and its ``send`` noting whether the answer started."""
+
+    __slots__ = ("_receive", "_send", "deadline", "expired", "reading", "started")
+
+    def __init__(self, receive: Receive, send: Send, deadline: float) -> None:
+        self._receive = receive
+        self._send = send
+        self.deadline = deadline
+        self.reading = True
+        self.expired = False
+        self.started = False
+
+    async def receive(self) -> Message:
+        if not self.reading:
+            return await self._receive()
+        try:
+            message = await asyncio.wait_for(self._receive(), self.deadline - time.monotonic())
+        except asyncio.TimeoutError:
+            self.reading = False
+            self.expired = True
+            return {"type": "http.disconnect"}
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.reading = False
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+
+class EdgeLimits:
+    """What uvicorn's protocol does for modelserve and granian does not, in front of the app: the body deadline,
+    the refusal pause and the 400 for two Host headers (see the module's docstring)."""
+
+    def __init__(self, app: ASGIApp, limits: TransportLimits) -> None:
+        self.app = app
+        self.body_timeout = limits.body_timeout
+        self.refusals = _Refusals(limits.refusal_pause)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope["headers"]
+        if len(dict(headers)) < len(headers) and host_count(headers) > 1:  # a name came twice: Host?
+            await more_than_one_host(scope, receive, send)
+            return
+        client = scope.get("client")
+        refused = self.refusals.at
+        if refused and client in refused:
+            now = time.monotonic()
+            wait = refused.pop(client) + self.refusals.pause - now
+            if wait > 0:
+                scope[ARRIVED] = now
+                await asyncio.sleep(wait)
+        request = _Request(receive, send, time.monotonic() + self.body_timeout)
+        try:
+            await self.app(scope, request.receive, request.send)
+        finally:
+            refused_at = scope.pop(REFUSED, None)
+            if refused_at is not None and self.refusals.pause > 0:
+                self.refusals.note(client, refused_at)
+        if request.expired and not request.started:
+            await send_error(send, BodyTimeout(headers=CLOSE), request_headers(scope)[0])
+
+
+def probe_bind(host: str, port: int) -> None:
+    """`OSError` when `host`:`port` cannot be listened on (in use, an unknown host), found by binding it once:
+    granian would say so only as a `RuntimeError` with a Rust backtrace."""
+    import socket
+
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as granian's own socket
+        probe.bind(address)
+
+
+def serve(
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    limits: TransportLimits,
+    ssl: dict[str, Any],
+    log_config: dict[str, Any] | None,
+    on_ready: Callable[[Callable[[], None]], None] | None = None,
+) -> None:
+    """Serve `app` with granian on `host`:`port` until SIGINT or SIGTERM, on a new event loop of this thread.
+
+    `ssl` holds modelserve's TLS settings (`modelserve.launch.ssl_settings`). `on_ready` is given, once the
+    loop runs, a function that stops the server from any thread. `OSError` when the address cannot be
+    listened on; `ValueError` when granian cannot hold `limits` (`check_limits`)."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
+    check_limits(limits)
+    probe_bind(host, port)
+    tls: dict[str, Any] = {}
+    if ssl:
+        from pathlib import Path
+
+        tls = {
+            "ssl_cert": Path(ssl["ssl_certfile"]),
+            "ssl_key": Path(ssl["ssl_keyfile"] or ssl["ssl_certfile"]),
+            "ssl_key_password": ssl.get("ssl_keyfile_password"),
+        }
+    server = Server(
+        EdgeLimits(app, limits),
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=2048,
+        http1_settings=http1_settings(limits),
+        log_enabled=True,
+        log_level=LogLevels.error,  # not its "experimental" warning nor its start lines: modelserve logs its own
+        log_dictconfig=log_config,
+        **tls,
+    )
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, server.stop)
+        if on_ready is not None:
+
+            def stop() -> None:
+                loop.call_soon_threadsafe(server.stop)
+
+            on_ready(stop)
+        await server.serve()
+
+    loop: asyncio.AbstractEventLoop
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is part of uvicorn[standard]
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
