@@ -236,6 +236,10 @@ def _prompt(body: dict[str, Any]) -> None:
 
 
 def _embedding_input(body: dict[str, Any]) -> None:
+    encoding = body.get("encoding_format")
+    if encoding is not None and encoding not in ("float", "base64"):
+        raise OpenAIBadRequest("encoding_format", "'encoding_format' must be 'float' or 'base64'")
+    _positive(body, "dimensions")
     value = body.get("input")
     if isinstance(value, str):
         return
@@ -246,10 +250,6 @@ def _embedding_input(body: dict[str, Any]) -> None:
             raise OpenAIBadRequest(
                 f"input[{index}]", f"'input[{index}]' must be a string (token arrays are not accepted here)"
             )
-    encoding = body.get("encoding_format")
-    if encoding is not None and encoding not in ("float", "base64"):
-        raise OpenAIBadRequest("encoding_format", "'encoding_format' must be 'float' or 'base64'")
-    _positive(body, "dimensions")
 
 
 class OpenAIRequest:
@@ -630,17 +630,28 @@ class ByModel:
         try:
             check_length(self.limit, length)
             body = await read_body(receive, self.limit, None)
-            try:
-                model = orjson.loads(body).get("model")
-            except (orjson.JSONDecodeError, AttributeError):
-                model = None
-            handler = self.handlers.get(model) if isinstance(model, str) else None
+            model = _model_of(body)
+            handler = self.handlers.get(model)
             if handler is None:
                 raise ModelNotFound(model, list(self.handlers))
         except Exception as exc:
             await send_error(openai_errors(send), exc, request_id)
             return
         await handler(scope, _replay(body, receive), send)
+
+
+def _model_of(body: bytes) -> str:
+    """The ``model`` a request body names (a 400 for a body that cannot name one)."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise OpenAIBadRequest(None, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise OpenAIBadRequest(None, f"the request body must be a JSON object, got {_kind(value)}")
+    model = value.get("model")
+    if not isinstance(model, str):
+        raise OpenAIBadRequest("model", f"'model' must be a string, got {_kind(model)}")
+    return model
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
