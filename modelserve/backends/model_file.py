@@ -21,6 +21,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from time import perf_counter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +29,10 @@ from modelserve import _threads, devices, runtimes
 from modelserve._threads import THREAD, Adaptive, BatchThreads
 from modelserve.backends import Backend
 from modelserve.backends._children import Children
-from modelserve.errors import BadRequest, LoadError
+from modelserve.context import RequestContext
+from modelserve.errors import BadRequest, LoadError, RequestCancelled, UserCodeError
 from modelserve.introspect import describe_callable
-from modelserve.pipeline import Pipeline, Stage
+from modelserve.pipeline import PASS_THROUGH, Pipeline, Stage, Step
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 from modelserve.schema import TypedValue, typed_value
@@ -199,7 +201,8 @@ class ModelFileBackend(Backend):
         await _threads.run_sync(self._warm_up, self.model)
         self.pipeline = self._build_pipeline()
         run = Stage("run", self._run_stage(with_post=False, tensors=True), True, shared=True)
-        self.tensors = Pipeline([run], needs_inputs=True, needs_request=False, timer=self.api_metrics.stage_timer)
+        timer = self.api_metrics.stage_timer
+        self.tensors = Pipeline([run], needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step(True))
         if self.threads is not None:
             # The batch threads start off the loop, each warmed by a call with zeros: a GPU runtime builds
             # per-thread state on a thread's first call.
@@ -243,7 +246,8 @@ class ModelFileBackend(Backend):
             stages.append(
                 Stage("post_inference", self._hook_stage(post, "post_inference", self._post_signature()), True)
             )
-        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=self.api_metrics.stage_timer)
+        timer = self.api_metrics.stage_timer
+        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step())
 
     def _pre_signature(self) -> Any:
         assert self.model is not None
@@ -268,36 +272,60 @@ class ModelFileBackend(Backend):
 
         return call
 
-    def _run_stage(self, with_post: bool, tensors: bool = False) -> Any:
-        """The model's run: of the payload's values (converted to the model's inputs), or, for the tensor entry
-        (`tensors`), of arrays by input name, answered by output name."""
+    def _model_ends(self, with_post: bool, tensors: bool) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        """``feeds_of(value)`` and ``answer_of(prediction)``: the sync work around the model's run, of the payload's
+        values (converted to the model's inputs) or, for the tensor entry (`tensors`), of arrays by input name,
+        answered by output name."""
         model, converter = self.model, self.converter
         assert model is not None and converter is not None
-        adaptive = self.adaptive["run"]
-        run = model.run
         as_response = model.as_response
         # TensorFlow's post_inference gets flat lists (Cortex's form); ONNX's gets the runtime's list as it is.
         for_hook = model.for_hook if type(model).for_hook is not LoadedModel.for_hook else None
         has_pre = "pre_inference" in self.hooks
-        batched = None
-        if self.api.batching is not None:  # one batcher for both entries: their requests share its calls
-            batched = self.batcher.run if self.batcher is not None else self._batched_run()
-
         names = tuple(spec.name for spec in model.outputs)  # ONNX's outputs come as a list in this order
         # The tensor entry's arrays were checked against the model's inputs (names, exact dtypes, shapes); the
         # converter has one more check to make for inputs that share a named dimension, and none otherwise
         # (2 us of a small model's 20).
         shared = [dim for spec in model.inputs for dim in spec.shape or () if isinstance(dim, str)]
-        checked = tensors and len(shared) == len(set(shared))
-        several, first = len(model.inputs) > 1, model.inputs[0].name
+        if tensors and len(shared) == len(set(shared)):
+            feeds_of: Callable[[Any], Any] = _same
+        elif tensors or has_pre:
+            feeds_of = converter
+        else:
+
+            def feeds_of(value: Any) -> Any:
+                if isinstance(value, (bytes, bytearray)):
+                    raise BadRequest(
+                        "expected a JSON body (Content-Type: application/json) keyed by the model's input names: "
+                        + converter.expected()
+                    )
+                return converter(value)
+
+        def by_name(prediction: Any) -> Any:
+            return prediction if isinstance(prediction, dict) else dict(zip(names, prediction, strict=True))
+
+        answer_of: Callable[[Any], Any] = _same
+        if tensors:
+            answer_of = by_name
+        elif not with_post:
+            answer_of = as_response
+        elif for_hook is not None:
+            answer_of = for_hook
+        return feeds_of, answer_of
+
+    def _run_stage(self, with_post: bool, tensors: bool = False) -> Any:
+        """The model's run as a stage (of the staged pipeline: with batching or an async hook)."""
+        assert self.model is not None
+        feeds_of, answer_of = self._model_ends(with_post, tensors)
+        adaptive = self.adaptive["run"]
+        run = self.model.run
+        several, first = len(self.model.inputs) > 1, self.model.inputs[0].name
+        batched = None
+        if self.api.batching is not None:  # one batcher for both entries: their requests share its calls
+            batched = self.batcher.run if self.batcher is not None else self._batched_run()
 
         async def call(value: Any, request: Any) -> Any:
-            if not tensors and isinstance(value, (bytes, bytearray)) and not has_pre:
-                raise BadRequest(
-                    "expected a JSON body (Content-Type: application/json) keyed by the model's input names: "
-                    + converter.expected()
-                )
-            feeds = value if checked else converter(value)
+            feeds = feeds_of(value)
             if batched is not None:
                 prediction = await batched(feeds)
             else:
@@ -305,13 +333,80 @@ class ModelFileBackend(Backend):
                 prediction = adaptive.now(run, feeds, size=size)
                 if prediction is THREAD:
                     prediction = await adaptive.in_thread(run, feeds, size=size)
-            if tensors:
-                return prediction if isinstance(prediction, dict) else dict(zip(names, prediction, strict=True))
-            if not with_post:
-                return as_response(prediction)
-            return prediction if for_hook is None else for_hook(prediction)
+            return answer_of(prediction)
 
         return call
+
+    def _fused_step(self, tensors: bool = False) -> Step | None:
+        """The unbatched call with sync hooks as one step: pre_inference, the model and post_inference, each an
+        `Adaptive` call (a plain call while inline, awaited only when it goes to a thread).
+
+        The staged pipeline costs a coroutine per stage and one more per hook call, with the same checks and
+        timing between them: in one process, 9 coroutines of an iris request with both hooks where this has one
+        (the staged pipeline stays the reference, and what batching and async hooks run). None where it does
+        not apply."""
+        if self.api.batching is not None:
+            return None
+        model = self.model
+        assert model is not None
+        pre = None if tensors else self.hooks.get("pre_inference")
+        post = None if tensors else self.hooks.get("post_inference")
+        if any(hook is not None and inspect.iscoroutinefunction(hook) for hook in (pre, post)):
+            return None
+        if pre is not None and self.input_type is not None:
+            pre = _validating_hook(pre, self.input_type)
+        feeds_of, answer_of = self._model_ends(post is not None, tensors)
+        pre_args = (model.pre_signature, self.metadata)
+        post_args = (model.post_signature, self.metadata)
+        at_pre, at_run, at_post = (self.adaptive[name] for name in ("pre_inference", "run", "post_inference"))
+        run, several, first = model.run, len(model.inputs) > 1, model.inputs[0].name
+        timer = self.api_metrics.stage_timer
+
+        async def step(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            if pre is not None:
+                started = perf_counter()
+                try:
+                    result = at_pre.now(pre, value, *pre_args)
+                    if result is THREAD:
+                        result = await at_pre.in_thread(pre, value, *pre_args)
+                except PASS_THROUGH:
+                    raise
+                except BaseException as exc:  # noqa: B036 - SystemExit in user code is a failed call
+                    raise UserCodeError("pre_inference", exc) from exc
+                timer("pre_inference", perf_counter() - started)
+                if ctx is not None and ctx.cancelled:
+                    raise RequestCancelled()
+                value = result
+            started = perf_counter()
+            try:
+                feeds = feeds_of(value)
+                size = _size(feeds) if several else feeds[first].size
+                prediction = at_run.now(run, feeds, size=size)
+                if prediction is THREAD:
+                    prediction = await at_run.in_thread(run, feeds, size=size)
+                value = answer_of(prediction)
+            except PASS_THROUGH:
+                raise
+            except BaseException as exc:  # noqa: B036
+                raise UserCodeError("run", exc) from exc
+            timer("run", perf_counter() - started)
+            if post is None:
+                return value
+            if ctx is not None and ctx.cancelled:
+                raise RequestCancelled()
+            started = perf_counter()
+            try:
+                result = at_post.now(post, value, *post_args)
+                if result is THREAD:
+                    result = await at_post.in_thread(post, value, *post_args)
+            except PASS_THROUGH:
+                raise
+            except BaseException as exc:  # noqa: B036
+                raise UserCodeError("post_inference", exc) from exc
+            timer("post_inference", perf_counter() - started)
+            return result
+
+        return step
 
     def _batched_run(self) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """The model call behind a batcher: the feeds of concurrent requests are stacked into shared calls.
@@ -376,6 +471,10 @@ class ModelFileBackend(Backend):
         if self.model is not None:
             self.model.close()
         await _threads.run_sync(self.children.stop)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _size(feeds: dict[str, Any]) -> int:

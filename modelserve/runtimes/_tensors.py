@@ -280,13 +280,18 @@ class InputConverter:
 
     def __call__(self, value: Any) -> dict[str, np.ndarray]:
         """The feeds of one call; `value` is a dict keyed by input names, or the value of a lone input."""
+        single = self._single
         if not isinstance(value, dict):
-            if self._single is None:
+            if single is None:
                 raise BadRequest(
                     f"expected an object keyed by the model's input names ({self.expected()}), "
                     f"received {type(value).__name__}"
                 )
-            return {self._single.name: self._convert(self._single.name, value)}
+            return {single.name: self._convert(single.name, value)}
+        if single is not None and len(value) == 1:  # the usual case, without the generic loops below
+            name = single.name
+            if name in value:
+                return {name: self._convert(name, value[name])}
         if len(value) != len(self.names) or any(name not in value for name in self.names):
             self._refuse_names(value)
         feeds = {name: self._convert(name, item) for name, item in value.items()}
