@@ -30,8 +30,10 @@ refused before Ray starts anything.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,12 +41,17 @@ from typing import Any
 from modelserve.config import load_project_config
 from modelserve.errors import ConfigError, LoadError, MissingExtraError
 from modelserve.jobs import store_kind
+from modelserve.metrics import Metrics
 from modelserve.project import caller_dir
 
 #: The Ray Serve deployment's name, unless ``name`` says otherwise (a Serve config file's ``deployments:``
 #: entry overrides its options by this name).
 DEFAULT_NAME = "modelserve"
 DEFAULT_GRACE = 30.0
+#: Seconds between two copies of a replica's metrics into Ray's metrics export (`export_metrics`).
+METRICS_INTERVAL = 5.0
+#: Families that are not copied: the process's own, which Ray exports for every worker already.
+_NOT_EXPORTED = ("process_", "python_")
 #: Keys of ``ray_actor_options`` (Ray's own names): what a replica reserves on a node.
 ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env")
 
@@ -121,6 +128,10 @@ ARGUMENTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "cors_origins": (_texts, "origins of web pages allowed to call (--cors-origin)"),
     "docs": (_flag, "serve /docs (default: true)"),
     "graceful_timeout": (_seconds, f"seconds in-flight work gets at shutdown (default: {DEFAULT_GRACE:g})"),
+    "metrics_interval_s": (
+        _seconds,
+        f"seconds between copies of the metrics into Ray's export (0: none; default {METRICS_INTERVAL:g})",
+    ),
     "num_replicas": (_replicas, "replicas (default: 1), or 'auto' for Ray's default autoscaling"),
     "autoscaling_config": (_mapping, "Ray's autoscaling_config (min_replicas, max_replicas, ...)"),
     "ray_actor_options": (_mapping, "what each replica reserves: " + ", ".join(ACTOR_OPTIONS)),
@@ -199,6 +210,7 @@ def plan(args: Mapping[str, Any]) -> Plan:
         "cors_origins": values.get("cors_origins", []),
         "docs": values.get("docs", True),
         "graceful_timeout": grace,
+        "metrics_interval_s": values.get("metrics_interval_s", METRICS_INTERVAL),
     }
     result.options = {key: values[key] for key in _DEPLOYMENT_KEYS if key in values}
     result.options.setdefault(
@@ -273,6 +285,11 @@ class Replica:
         if failures:
             reasons = "; ".join(map(str, failures))
             raise LoadError(f"modelserve.ray: the project failed to load in this replica: {reasons}")
+        interval = settings["metrics_interval_s"]
+        #: The task that copies this replica's metrics into Ray's metrics export (None: not copied).
+        self.exporter = (
+            asyncio.get_running_loop().create_task(export_metrics(server.metrics, interval)) if interval else None
+        )
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._app
@@ -283,3 +300,41 @@ class Replica:
         if not server.ready:
             states = ", ".join(f"{name}: {api.state}" for name, api in server.apis.items())
             raise RuntimeError(f"modelserve replica not ready ({states})")
+
+
+async def export_metrics(metrics: Metrics, interval: float) -> None:
+    """Copy a replica's metrics into Ray's metrics export every `interval` seconds, for ever.
+
+    Every sample of the replica's registry (what its ``/metrics`` shows, less the process's own families)
+    becomes a Ray gauge of the same name and labels, plus ``replica``; Ray's metrics agent on each node
+    serves them to Prometheus with the prefix ``ray_`` (``ray_modelserve_requests_total``). They are
+    gauges to Ray: ``rate()`` works on the counters' series all the same, and a replica that restarts starts
+    its counters again from 0, as a restarted process does."""
+    from ray.util.metrics import Gauge
+
+    replica = _replica_id()
+    gauges: dict[str, Any] = {}
+    while True:
+        metrics.flush()  # buffered observations and live gauges, as a scrape of /metrics would
+        for family in metrics.registry.collect():
+            if family.name.startswith(_NOT_EXPORTED):
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                gauge = gauges.get(sample.name)
+                if gauge is None:
+                    keys = (*sorted(sample.labels), "replica")
+                    gauge = gauges[sample.name] = Gauge(sample.name, description=family.documentation, tag_keys=keys)
+                gauge.set(sample.value, tags={**sample.labels, "replica": replica})
+        await asyncio.sleep(interval)
+
+
+def _replica_id() -> str:
+    """This replica's id in Ray Serve (its process id outside a replica)."""
+    try:
+        from ray import serve
+
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # not in a replica, or another Ray version's context
+        return str(os.getpid())

@@ -10,6 +10,7 @@ Not a test itself (pytest collects ``test_*.py`` only).
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -20,13 +21,24 @@ from ray import serve
 import modelserve.ray
 
 PROXY = "http://127.0.0.1:8000"
+METRICS = "http://127.0.0.1:8079/metrics"  # the node's metrics agent: what Prometheus scrapes on a Ray node
 
 
 def main() -> None:
     project, args, requests = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    started = time.monotonic()
+    phases: dict[str, float] = {}
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _metrics_export_port=8079,
+        _system_config={"metrics_report_interval_ms": 1000},
+    )
     try:
+        phases["ray.init"] = time.monotonic() - started
         serve.run(modelserve.ray.app({"project": project, **args}))
+        phases["serve.run"] = time.monotonic() - started
         result: dict[str, object] = {"answers": [], "pids": []}
         with httpx.Client(base_url=PROXY, timeout=30) as client:
             for method, path, body, headers in requests:
@@ -52,10 +64,25 @@ def main() -> None:
                         break
                     time.sleep(0.1)
                 result["job"] = polls[-1]
+            phases["requests"] = time.monotonic() - started
+            result["metrics"] = exported_replicas(client)
+            phases["metrics"] = time.monotonic() - started
+        result["phases"] = phases  # seconds since the start, for a reader of a slow run
         print("RESULT " + json.dumps(result), flush=True)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        ray.shutdown()  # the replicas and the proxy with it (and whatever is left, with the namespace)
+
+
+def exported_replicas(client: httpx.Client) -> list[str]:
+    """The replicas whose count of ``POST /who`` answered 200 reached Ray's metrics export (waits for two)."""
+    pattern = re.compile(r'^ray_modelserve_requests_total\{(?=[^}]*api="who")(?=[^}]*code="200")[^}]*replica="([^"]+)"')
+    seen: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 2 and time.monotonic() < deadline:
+        text = client.get(METRICS).text
+        seen = {match.group(1) for line in text.splitlines() if (match := pattern.match(line))}
+        time.sleep(0.5)
+    return sorted(seen)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,13 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
     script = f'ip link set lo up && {redis} >/dev/null && exec "$0" "$@"'
     run = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script]
-        + [sys.executable, str(DRIVER), str(project), json.dumps({"num_replicas": 2}), json.dumps(REQUESTS)],
+        + [
+            sys.executable,
+            str(DRIVER),
+            str(project),
+            json.dumps({"num_replicas": 2, "metrics_interval_s": 1}),
+            json.dumps(REQUESTS),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -191,6 +197,7 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
     result = json.loads(lines[-1].removeprefix("RESULT "))
 
     assert len(result["pids"]) == 2  # both replicas answered
+    assert len(result["metrics"]) == 2  # and the metrics of each reached Ray's metrics export
     assert result["job"]["status"] == "completed", result["job"]  # submitted, run and polled through the proxy
     assert result["job"]["result"]["text"] == "x"
 
@@ -206,3 +213,42 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
         assert (status, kind) == (want_status, want_kind)
         assert _without_request_id(text) == _without_request_id(want_text)
     assert "request_id" in json.loads(result["answers"][2][2])  # the 500 names the request, not the traceback
+
+
+FAILING = """
+class Model:
+    def load(self):
+        raise OSError("weights.bin is missing")
+
+    def predict(self, inputs):
+        return inputs
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def settings(**changes: Any) -> dict[str, Any]:
+    values = {"jobs_store": None, "workers": 1, "api_key_env": None, "cors_origins": [], "docs": True}
+    return {**values, "graceful_timeout": 1.0, "metrics_interval_s": 0, **changes}
+
+
+@pytest.mark.anyio
+async def test_a_replica_takes_traffic_once_loaded_and_fails_with_the_load_error(tmp_path: Path) -> None:
+    """`Replica` without Ray: its constructor returns once the project loaded (Ray routes to it from then
+    on), or raises modelserve's error, which Ray shows as the replica's failure."""
+    from modelserve.errors import LoadError
+    from modelserve.ray import Replica
+
+    good = write_project(tmp_path / "good", {"model.py": "class Model:\n    def predict(self, x):\n        return x\n"})
+    replica = Replica.__new__(Replica)
+    await Replica.__init__(replica, str(good), settings())
+    assert replica.__serve_build_asgi_app__().server.ready
+    replica.check_health()
+    await replica.__serve_build_asgi_app__().server.close()
+
+    bad = write_project(tmp_path / "bad", {"model.py": FAILING})
+    with pytest.raises(LoadError, match="failed to load in this replica: .*weights.bin is missing"):
+        await Replica.__init__(Replica.__new__(Replica), str(bad), settings())
