@@ -20,6 +20,7 @@ import yaml
 from modelserve.errors import ConfigError
 from modelserve.jobs import STORE_CHOICES, store_kind
 from modelserve.limiter import AUTO
+from modelserve.versions import VersionPolicy, model_in, parse_policy, version_folders
 
 CONFIG_FILE = "modelserve.yaml"
 DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
@@ -89,6 +90,8 @@ class ModelFileConfig:
     gpu_memory_limit_mb: int | None = None
     #: Calls measured under this many milliseconds run inline on the event loop; slower ones in a thread.
     inline_threshold_ms: float = 1.0
+    #: For a folder of numbered versions (`modelserve.versions`): which of them are served; None for one model.
+    version_policy: VersionPolicy | None = None
 
 
 @dataclass
@@ -457,6 +460,7 @@ _MODEL_KEYS = {
     "inter_op_threads",
     "inline_threshold_ms",
     "gpu_memory_limit_mb",
+    "version_policy",
 }
 _BATCHING_KEYS = {"max_batch_size", "max_wait_ms"}
 _JOBS_KEYS = {"store", "path", "prefix"}
@@ -542,15 +546,16 @@ def _parse_model(raw: Any, where: str, root: Path, problems: _Problems) -> Model
         problems.add(where, f"key 'path': {path!r} leaves the project folder; a model elsewhere needs an absolute path")
     elif not (root / path).exists():
         problems.add(where, f"key 'path': {path!r} not found in {root}")
+    policy, probe = _versions(section, path, root, where, problems)
     fmt = problems.take(section, "format", _choice(*MODEL_FORMATS), where)
-    found = infer_model_format(str(root / path)) if fmt is not None else None
+    found = infer_model_format(probe) if fmt is not None else None
     if found is not None and found != fmt:  # refused here, before the wrong runtime is imported
         problems.add(where, f"key 'format': {fmt!r} contradicts the path {path!r}, which is a {found} model")
     if fmt is None and "format" not in section:
-        fmt = infer_model_format(str(root / path))
+        fmt = infer_model_format(probe)
         if fmt is None:
             problems.add(where, f"key 'format': cannot tell the format of {path!r}; say 'onnx' or 'tensorflow'")
-    config = ModelFileConfig(path=path, format=fmt or "onnx")
+    config = ModelFileConfig(path=path, format=fmt or "onnx", version_policy=policy)
     config.signature_key = problems.take(section, "signature_key", _string, where, config.signature_key)
     config.providers = problems.take(section, "providers", _providers, where, config.providers)
     config.intra_op_threads = problems.take(section, "intra_op_threads", _positive_int, where)
@@ -560,6 +565,32 @@ def _parse_model(raw: Any, where: str, root: Path, problems: _Problems) -> Model
         section, "inline_threshold_ms", _non_negative_number, where, config.inline_threshold_ms
     )
     return config
+
+
+def _versions(
+    section: dict[str, Any], path: str, root: Path, where: str, problems: _Problems
+) -> tuple[VersionPolicy | None, str]:
+    """A folder of numbered versions: its policy (``latest: 1`` by default) and the path whose format the
+    model's is (the highest selected version's model); else (None, the path)."""
+    folders = version_folders(root / path) if not escapes_project(path) else {}
+    if not folders:
+        if "version_policy" in section:
+            problems.add(where, f"key 'version_policy': {path!r} is not a folder of numbered versions (1/, 2/...)")
+        return None, str(root / path)
+    try:
+        policy = parse_policy(section.get("version_policy", {"latest": 1}))
+    except ValueError as exc:
+        problems.add(where, f"key 'version_policy': {exc}")
+        return None, str(root / path)
+    selected = policy.select(list(folders))
+    if not selected:
+        problems.add(where, f"key 'version_policy': selects none of the versions {sorted(folders)} in {path!r}")
+        return None, str(root / path)
+    model = model_in(folders[selected[-1]])
+    if model is None:
+        problems.add(where, f"{path}/{selected[-1]} holds no model (a model.onnx, one .onnx file or a SavedModel)")
+        return None, str(root / path)
+    return policy, str(model)
 
 
 def _parse_batching(raw: Any, where: str, problems: _Problems) -> BatchingConfig | None:

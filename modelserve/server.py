@@ -25,10 +25,11 @@ from typing import Protocol
 from modelserve.api import Api
 from modelserve.api_metrics import ApiMetrics
 from modelserve.backends import make_backend
-from modelserve.config import ProjectConfig
+from modelserve.config import ApiConfig, ProjectConfig
 from modelserve.errors import LoadError
 from modelserve.jobs.service import Jobs
 from modelserve.metrics import Metrics, MetricsClient
+from modelserve.repository import Versions, version_configs
 
 logger = logging.getLogger("modelserve")
 
@@ -65,12 +66,16 @@ class ModelServer:
         self.metrics_client = MetricsClient(self.metrics)
         self.on_load_error = on_load_error
         self.apis: dict[str, Api] = {}
+        #: The versions of the APIs whose model is a folder of numbered versions (`modelserve.repository`);
+        #: ``apis[name]`` is the highest of them.
+        self.versions: dict[str, Versions] = {}
         for config in project.apis:
-            api_metrics = ApiMetrics(self.metrics, config.name)
-            backend = make_backend(config, project.root, self.metrics_client, api_metrics)
-            api = Api(config, backend, api_metrics)
-            self.apis[config.name] = api
-            self.metrics.add_refresher(api.refresh_gauges)
+            versions = version_configs(config, project.root)
+            if versions:
+                self.versions[config.name] = Versions(config.name, {n: self.make_api(c) for n, c in versions.items()})
+                self.apis[config.name] = self.versions[config.name].apis[max(versions)]
+            else:
+                self.apis[config.name] = self.make_api(config)
         async_apis = [api for api in self.apis.values() if api.config.kind == "async"]
         #: The jobs service, when the project has async APIs.
         self.jobs = Jobs(project.jobs, project.root, async_apis, self.metrics, workers) if async_apis else None
@@ -81,9 +86,22 @@ class ModelServer:
         self.companions: list[Companion] = []
         self._companions: list[asyncio.Task[None]] = []
 
+    def make_api(self, config: ApiConfig) -> Api:
+        """An API of this server (not yet loaded), with its metrics."""
+        api_metrics = ApiMetrics(self.metrics, config.name)
+        backend = make_backend(config, self.project.root, self.metrics_client, api_metrics)
+        api = Api(config, backend, api_metrics)
+        self.metrics.add_refresher(api.refresh_gauges)
+        return api
+
+    def all_apis(self) -> list[Api]:
+        """Every API, each served version of a versioned one included."""
+        apis = [api for name, api in self.apis.items() if name not in self.versions]
+        return apis + [api for versions in self.versions.values() for api in versions.apis.values()]
+
     @property
     def ready(self) -> bool:
-        return all(api.ready for api in self.apis.values())
+        return all(api.ready for api in self.all_apis())
 
     @property
     def started(self) -> bool:
@@ -116,7 +134,7 @@ class ModelServer:
 
     async def _load_all(self) -> None:
         # gather: cancelling loading (close()) cancels every API's load.
-        loaded = await asyncio.gather(*(self._load(api) for api in self.apis.values()))
+        loaded = await asyncio.gather(*(self._load(api) for api in self.all_apis()))
         if not all(loaded):
             return
         try:
@@ -161,7 +179,7 @@ class ModelServer:
             await self.jobs.stop()
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
-        for api in self.apis.values():
+        for api in self.all_apis():
             await api.backend.close()
         await self.metrics.stop()
 

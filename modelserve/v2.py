@@ -426,8 +426,10 @@ def encode_response(
     model_name: str,
     request: InferRequest,
     outputs: Mapping[str, np.ndarray],
+    version: str = "1",
 ) -> tuple[bytes, int | None]:
-    """The answer to `request`: (body, header length); the header length is None without binary outputs.
+    """The answer to `request` by version `version` of the model: (body, header length); the header length is
+    None without binary outputs.
 
     Outputs the request did not ask for are left out (all of them are sent when it named none). A datatype
     numpy cannot give raises `TypeError` (the model's fault, a 500); a BYTES output that is not UTF-8 asked
@@ -453,7 +455,7 @@ def encode_response(
         else:
             tensor["data"] = _to_json(name, array, datatype)
         described.append(tensor)
-    answer: dict[str, Any] = {"model_name": model_name, "model_version": "1"}
+    answer: dict[str, Any] = {"model_name": model_name, "model_version": version}
     if request.id is not None:
         answer["id"] = request.id
     answer["outputs"] = described

@@ -118,8 +118,9 @@ class GrpcServer:
         ready = self.server.ready
         for service in ("", SERVICE):
             await self.health.set(service, serving if ready else not_serving)
-        for name, model in self.servicer.models.items():
-            await self.health.set(name, serving if model.api.ready else not_serving)
+        for name in self.servicer.names():
+            ready = self.servicer.model(name, "").api.ready
+            await self.health.set(name, serving if ready else not_serving)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop taking calls; the running ones get `grace` seconds to finish."""

@@ -38,7 +38,7 @@ from modelserve.grpc._proto import model_config_pb2 as config_pb
 from modelserve.grpc.codec import decode_infer, encode_infer
 from modelserve.http.auth import Access, ApiKeys
 from modelserve.http.errors import render
-from modelserve.http.v2 import EXTENSIONS, V2Model, statistics
+from modelserve.http.v2 import EXTENSIONS, V2Model, V2Versions, served_versions, statistics
 from modelserve.server import ModelServer
 
 logger = logging.getLogger("modelserve")
@@ -117,20 +117,35 @@ class InferenceServicer:
     def __init__(self, server: ModelServer, keys: ApiKeys | None) -> None:
         self.server = server
         self.keys = keys if keys is not None and keys.api_keys else None
-        self.models = {name: V2Model(api) for name, api in server.apis.items() if api.config.kind == "realtime"}
+        realtime = {name: api for name, api in server.apis.items() if api.config.kind == "realtime"}
+        #: The V2 model of each API, and of each version of the versioned ones (`modelserve.repository`).
+        self.models = {name: V2Model(api) for name, api in realtime.items() if name not in server.versions}
+        self.versioned = {name: V2Versions(server, name) for name in realtime if name in server.versions}
         #: The largest message any API takes (gRPC's own limit); each API's ``max_body_size`` is checked too.
-        self.max_message = max((model.api.config.max_body_size for model in self.models.values()), default=1 << 20)
+        self.max_message = max((api.config.max_body_size for api in server.all_apis()), default=1 << 20)
+
+    def names(self) -> list[str]:
+        """The models served, by name."""
+        return [*self.models, *self.versioned]
 
     # ------------------------------------------------------------------------------------------------
     # the shared steps
 
-    def _model(self, name: str, version: str) -> V2Model:
-        model = self.models.get(name)
-        if model is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
-        if version not in ("", "1"):
-            raise NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
-        return model
+    def model(self, name: str, version: str) -> V2Model:
+        """The model `name` in `version` ("": the highest ready one); NOT_FOUND in Triton's words."""
+        versions = self.versioned.get(name)
+        if versions is not None:
+            if not version:
+                return versions.current()
+            if version.isascii() and version.isdigit() and int(version) in versions.versions.apis:
+                return versions.model(int(version))
+        else:
+            model = self.models.get(name)
+            if model is None:
+                raise NotFound(f"Request for unknown model: '{name}' is not found")
+            if version in ("", "1"):
+                return model
+        raise NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
 
     def _authorize(self, context: Any, method: str, api: str | None) -> None:
         keys = self.keys
@@ -182,14 +197,16 @@ class InferenceServicer:
 
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
         def make() -> Any:
-            model = self.models.get(request.name)
-            ready = model is not None and request.version in ("", "1") and model.api.ready
+            try:
+                ready = self.model(request.name, request.version).api.ready
+            except NotFound:
+                ready = False
             return pb.ModelReadyResponse(ready=ready)
 
         return await self._answer(context, "ModelReady", request.name, make)
 
     def _ready_model(self, name: str, version: str) -> V2Model:
-        model = self._model(name, version)
+        model = self.model(name, version)
         if not model.api.ready:
             raise model.api.not_ready()
         return model
@@ -197,8 +214,7 @@ class InferenceServicer:
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         def make() -> Any:
             model = self._ready_model(request.name, request.version)
-            described = model.signature().describe(model.name)
-            return json_format.ParseDict(described, pb.ModelMetadataResponse())
+            return json_format.ParseDict(model.described(), pb.ModelMetadataResponse())
 
         return await self._answer(context, "ModelMetadata", request.name, make)
 
@@ -226,10 +242,11 @@ class InferenceServicer:
     async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
         def make() -> Any:
             if request.name:
-                apis = [self._model(request.name, request.version).api]
+                model = self.model(request.name, request.version)
+                served = [(model.api, model.version)]
             else:
-                apis = [model.api for model in self.models.values()]
-            answer = {"model_stats": [statistics(api) for api in apis]}
+                served = served_versions(self.server)
+            answer = {"model_stats": [statistics(api, version) for api, version in served]}
             return json_format.ParseDict(answer, pb.ModelStatisticsResponse())
 
         return await self._answer(context, "ModelStatistics", request.name or None, make)
@@ -259,7 +276,7 @@ class InferenceServicer:
 
     async def _infer(self, request: Any, context: Any, request_id: str) -> Any:
         started = time.perf_counter()
-        model = self._model(request.model_name, request.model_version)
+        model = self.model(request.model_name, request.model_version)
         api = model.api
         self._authorize(context, "ModelInfer", api.name)
         ctx = RequestContext(api.name, request_id)
@@ -281,7 +298,7 @@ class InferenceServicer:
             result = await model.call(decoded, ctx, cancelled=RpcEnded(context), admitted=size)
             try:
                 outputs = model.outputs(result, decoded)
-                return encode_infer(model.name, "1", decoded, outputs)
+                return encode_infer(model.name, model.version, decoded, outputs)
             except TypeError as exc:
                 raise model.not_encoded(ctx, exc) from None
         except asyncio.CancelledError:

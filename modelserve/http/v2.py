@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,7 @@ from modelserve.errors import (
 )
 from modelserve.http._asgi import send_json
 from modelserve.http.errors import send_error
-from modelserve.http.exchange import Exchange, Head, exchange_route
+from modelserve.http.exchange import Exchange, Head, exchange_route, writes_access_line
 from modelserve.http.routing import Route
 from modelserve.server import ModelServer
 from modelserve.v2 import InferRequest, decode_request, encode_response
@@ -128,8 +129,12 @@ def _header_length(text: str) -> int:
 class V2Model(Exchange):
     """The V2 routes of one API: metadata, readiness, statistics, and inference over the exchange."""
 
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: Api, version: str = "1", versions: Callable[[], list[str]] | None = None) -> None:
         super().__init__(api)
+        #: The version this model is (a folder of numbered versions, `modelserve.repository`), and what lists
+        #: every served version of its API for the metadata.
+        self.version = version
+        self.versions = versions or (lambda: [version])
         self.call = self._infer
         self._signature: Signature | None = None
         #: A model file's tensor entry (`ModelFileBackend.tensors`), once loaded: its tensors go straight to
@@ -159,7 +164,13 @@ class V2Model(Exchange):
         if not self.api.ready:
             await send_error(send, self.api.not_ready(), request_id)
             return
-        await send_json(send, 200, self.signature().describe(self.name), request_id)
+        await send_json(send, 200, self.described(), request_id)
+
+    def described(self) -> dict[str, Any]:
+        """The model's metadata, with every version its API serves."""
+        described = self.signature().describe(self.name)
+        described["versions"] = self.versions()
+        return described
 
     async def ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = sane_request_id(_headers(scope)[0])
@@ -171,7 +182,8 @@ class V2Model(Exchange):
         await send_error(send, not_ready, request_id)
 
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, {"model_stats": [statistics(self.api)]}, sane_request_id(_headers(scope)[0]))
+        answer = {"model_stats": [statistics(self.api, self.version)]}
+        await send_json(send, 200, answer, sane_request_id(_headers(scope)[0]))
 
     infer = exchange_route()
 
@@ -213,7 +225,7 @@ class V2Model(Exchange):
             return partial(_refuse_stream, result)
         request: InferRequest = value
         try:
-            body, json_length = encode_response(self.name, request, self.outputs(result, request))
+            body, json_length = encode_response(self.name, request, self.outputs(result, request), self.version)
         except TypeError as exc:
             raise self.not_encoded(ctx, exc) from None
         if json_length is None:
@@ -261,7 +273,7 @@ def _duration(count: int, seconds: float) -> dict[str, int]:
     return {"count": count, "ns": max(0, round(seconds * 1e9))}
 
 
-def statistics(api: Api) -> dict[str, Any]:
+def statistics(api: Api, version: str = "1") -> dict[str, Any]:
     """One API's entry of the statistics extension, in Triton's shape, from what this process has counted.
 
     success and fail: the answers below 400 and from 400 up (native and V2 alike), with the seconds from each
@@ -284,7 +296,7 @@ def statistics(api: Api) -> dict[str, Any]:
     queue = totals.batch_wait or (0, 0.0)
     return {
         "name": api.name,
-        "version": "1",
+        "version": version,
         "last_inference": round(totals.last_success * 1000),
         "inference_count": succeeded,
         "execution_count": totals.batches if totals.batches is not None else compute["compute_infer"][0],
@@ -322,7 +334,7 @@ class V2Server:
         self.apis = {name: api for name, api in server.apis.items() if api.config.kind == "realtime"}
 
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = {"model_stats": [statistics(api) for api in self.apis.values()]}
+        answer = {"model_stats": [statistics(api, version) for api, version in served_versions(self.server)]}
         await send_json(send, 200, answer, sane_request_id(_headers(scope)[0]))
 
     async def unknown(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -332,7 +344,7 @@ class V2Server:
         error: Exception
         if name not in self.apis:
             error = BadRequest(f"Request for unknown model: '{name}' is not found")
-        elif tail.startswith("versions/") and tail.split("/")[1] != "1":
+        elif tail.startswith("versions/") and tail.split("/")[1] != "1" and name not in self.server.versions:
             version = tail.split("/")[1]
             error = NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
         else:
@@ -360,6 +372,92 @@ class V2Server:
         await send_json(send, 200, answer, sane_request_id(_headers(scope)[0]))
 
 
+class V2Versions:
+    """The V2 routes of an API with numbered versions (`modelserve.repository.Versions`): one `V2Model` per
+    version, ``/versions/<v>/...`` for each, and the unversioned routes answered by the highest ready one."""
+
+    def __init__(self, server: ModelServer, name: str) -> None:
+        self.versions = server.versions[name]
+        self.name = name
+        self._models: dict[int, V2Model] = {}
+
+    def model(self, number: int) -> V2Model:
+        """The V2 model of one served version (made once per loaded `Api`)."""
+        api = self.versions.apis[number]
+        model = self._models.get(number)
+        if model is None or model.api is not api:
+            model = self._models[number] = V2Model(api, str(number), self.versions.numbers)
+        return model
+
+    def current(self) -> V2Model:
+        return self.model(self.versions.current_number())
+
+    @property
+    def api(self) -> Api:
+        """The API the unversioned routes reach now (the route table's API keys read it)."""
+        return self.current().api
+
+    async def metadata(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.current().metadata(scope, receive, send)
+
+    async def ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.current().ready(scope, receive, send)
+
+    async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.current().stats(scope, receive, send)
+
+    @writes_access_line
+    async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.current().infer(scope, receive, send)
+
+    def _versioned(self, scope: Scope) -> tuple[V2Model | None, str]:
+        number, _, route = scope["path_params"]["tail"].partition("/")
+        if number.isascii() and number.isdigit() and int(number) in self.versions.apis:
+            return self.model(int(number)), route
+        return None, number
+
+    async def _unknown(self, scope: Scope, send: Send, version: str) -> None:
+        error = NotFound(f"Request for unknown model: '{self.name}' version {version[:40]} is not found")
+        await send_error(send, error, sane_request_id(_headers(scope)[0]))
+
+    async def versioned_get(self, scope: Scope, receive: Receive, send: Send) -> None:
+        model, route = self._versioned(scope)
+        if model is None:
+            await self._unknown(scope, send, route)
+            return
+        handler = {"": model.metadata, "ready": model.ready, "stats": model.stats}.get(route)
+        if handler is None:
+            error = NotFound(f"no V2 route at {scope['path']}; the model '{self.name}' has metadata, ready and stats")
+            await send_error(send, error, sane_request_id(_headers(scope)[0]))
+            return
+        await handler(scope, receive, send)
+
+    @writes_access_line
+    async def versioned_post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        model, route = self._versioned(scope)
+        if model is None:
+            await self._unknown(scope, send, route)
+        elif route != "infer":
+            error = NotFound(f"no V2 route at {scope['path']}; POST the model's /infer")
+            await send_error(send, error, sane_request_id(_headers(scope)[0]))
+        else:
+            await model.infer(scope, receive, send)
+
+
+def served_versions(server: ModelServer) -> list[tuple[Api, str]]:
+    """Every served version of every realtime API, with its version (for the statistics of all of them)."""
+    served = []
+    for name, api in server.apis.items():
+        if api.config.kind != "realtime":
+            continue
+        versions = server.versions.get(name)
+        if versions is None:
+            served.append((api, "1"))
+        else:
+            served += [(versions.apis[number], str(number)) for number in sorted(versions.apis)]
+    return served
+
+
 def routes(server: ModelServer) -> list[Route]:
     """The V2 routes of a server: its own, then each realtime API's, with and without ``/versions/1``.
 
@@ -377,8 +475,16 @@ def routes(server: ModelServer) -> list[Route]:
     else:
         table.append(Route("/v2/models/stats", {"GET": own.stats}))
     for api in own.apis.values():
-        model = V2Model(api)
-        for base in (f"/v2/models/{api.name}", f"/v2/models/{api.name}/versions/1"):
+        model: V2Model | V2Versions
+        if api.name in server.versions:
+            model = V2Versions(server, api.name)
+            bases = [f"/v2/models/{api.name}"]
+            versioned = f"/v2/models/{api.name}/versions/{{tail:path}}"
+            table.append(Route(versioned, {"GET": model.versioned_get, "POST": model.versioned_post}))
+        else:
+            model = V2Model(api)
+            bases = [f"/v2/models/{api.name}", f"/v2/models/{api.name}/versions/1"]
+        for base in bases:
             table += [
                 Route(base, {"GET": model.metadata}),
                 Route(f"{base}/ready", {"GET": model.ready}),
