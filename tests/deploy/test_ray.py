@@ -231,7 +231,7 @@ def anyio_backend() -> str:
 
 
 def settings(**changes: Any) -> dict[str, Any]:
-    values = {"jobs_store": None, "workers": 1, "api_key_env": None, "cors_origins": [], "docs": True}
+    values: dict[str, Any] = {"jobs_store": None, "workers": 1, "api_key_env": None, "cors_origins": [], "docs": True}
     return {**values, "graceful_timeout": 1.0, "metrics_interval_s": 0, **changes}
 
 
