@@ -622,6 +622,8 @@ class ByModel:
     def __init__(self, path: str, handlers: dict[str, Handler]) -> None:
         self.path = path
         self.handlers = handlers
+        #: The APIs sharing the path, by name (read by the OpenAPI document).
+        self.apis: dict[str, Api] = {}
         self.limit = 0
 
     @writes_access_line
@@ -695,6 +697,7 @@ def routes(server: ModelServer) -> list[Route]:
             table.append(Route(path, {"POST": handler}))
             continue
         shared = ByModel(path, {name: handler for name, (_, handler) in owners.items()})
-        shared.limit = max(api.config.max_body_size for api, _ in owners.values())
+        shared.apis = {name: api for name, (api, _) in owners.items()}
+        shared.limit = max(api.config.max_body_size for api in shared.apis.values())
         table.append(Route(path, {"POST": shared.post}))
     return table

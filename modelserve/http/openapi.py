@@ -453,11 +453,107 @@ def _docs(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
     return _server(builder, "/docs", "docs", "This document in Swagger UI", page, 404)
 
 
+# OpenAI's paths and Truss's routes (modelserve.http.openai, modelserve.http.truss)
+
+_OPENAI_STATUSES = (400, 404, 413, 500, 503, 504)
+
+
+def _openai_body(kind: str | None) -> dict[str, Any]:
+    required = {"chat": ["model", "messages"], "completions": ["model", "prompt"], "embeddings": ["model", "input"]}
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": True}
+    if kind is not None:
+        schema["required"] = required[kind]
+        schema["description"] = "OpenAI's request body; fields modelserve does not read are passed to the model."
+    return {"required": True, "content": _json(schema)}
+
+
+def _openai_answer(kind: str | None) -> dict[str, Any]:
+    events = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's chunks, then [DONE]."}}}
+    if kind == "embeddings":
+        return _json({"type": "object", "description": "OpenAI's embeddings list."})
+    return {**_json({"type": "object", "description": "OpenAI's completion object."}), **events}
+
+
+def _openai_call(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    api: Api = endpoint.api
+    post: Operation = {
+        "operationId": _op_id(f"openai_{endpoint.kind}", api.name),
+        "summary": f"OpenAI's {endpoint.kind} of the API {api.name}",
+        "tags": [api.name],
+        "requestBody": _openai_body(endpoint.kind),
+        "responses": {"200": _ok(_openai_answer(endpoint.kind)), **_statuses(builder, api, *_OPENAI_STATUSES)},
+    }
+    return {"post": post}
+
+
+def _openai_shared(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    names = sorted(endpoint.apis)
+    first: Api = endpoint.apis[names[0]]
+    post: Operation = {
+        "operationId": _op_id("openai", endpoint.path),
+        "summary": f"The API the body's model names: {', '.join(names)}",
+        "tags": names,
+        "requestBody": _openai_body(None),
+        "responses": {
+            "200": _ok({**_any_answer(), **_openai_answer(None)}),
+            **_statuses(builder, first, *_OPENAI_STATUSES),
+        },
+    }
+    return {"post": post}
+
+
+def _openai_models(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    return _server(
+        builder, "/v1/models", "openai_models", "OpenAI's list of the models served", _json({"type": "object"})
+    )
+
+
+def _openai_model(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    summary = "One model: 200 once loaded, else 503"
+    operations = _server(builder, "/v1/models/{name}", "openai_model", summary, _json({"type": "object"}), 404, 503)
+    names = {"type": "string", "enum": sorted(endpoint.apis)}
+    for operation in operations.values():
+        operation["parameters"] = [{"name": "name", "in": "path", "required": True, "schema": names}]
+    return operations
+
+
+def _truss_method(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    api: Api = endpoint.api
+    post: Operation = {
+        "operationId": _op_id(endpoint.method, api.name),
+        "summary": f"The {endpoint.method} method of the API {api.name}",
+        "tags": [api.name],
+        "requestBody": {"required": False, "content": _json({})},
+        "responses": {"200": _ok(_any_answer()), **_statuses(builder, api, 400, 413, 500, 503, 504)},
+    }
+    return {"post": post}
+
+
+def _alias(verb: str, summary: str) -> Describer:
+    def describe(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+        post = _realtime(builder, endpoint)["post"]
+        return {"post": {**post, "operationId": _op_id(verb, endpoint.api.name), "summary": summary}}
+
+    return describe
+
+
+def _ping(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    return _server(builder, "/ping", "ping", "SageMaker's readiness: {} once loaded", _json({"type": "object"}), 503)
+
+
 def _describers() -> dict[Any, tuple[str, Describer]]:
     """The endpoint methods the document knows, with the path template they are listed under."""
-    from modelserve.http import app, docs, jobs, realtime
+    from modelserve.http import app, docs, jobs, openai, realtime, truss
 
     return {
+        openai.OpenAIEndpoint.post: ("", _openai_call),
+        openai.ByModel.post: ("", _openai_shared),
+        openai.Models.list: ("", _openai_models),
+        openai.Models.one: ("", _openai_model),
+        truss.TrussMethod.post: ("", _truss_method),
+        truss.TrussPredict.post: ("", _alias("truss_predict", "The API's predict, under Truss's path")),
+        truss.Invocations.post: ("", _alias("invocations", "The API's predict, under SageMaker's path")),
+        truss.SageMaker.ping: ("", _ping),
         realtime.RealtimeEndpoint.post: ("", _realtime),
         jobs.JobsEndpoint.submit: ("", _jobs),
         jobs.JobsEndpoint.show: ("", _job),
@@ -499,7 +595,10 @@ def document(server: ModelServer, routes: Iterable[Route], api: str | None = Non
             found = describers.get(getattr(handler, "__func__", None))
             if found is not None:
                 path, describe = found
-                paths.setdefault(path or route.path, {}).update(describe(builder, getattr(handler, "__self__", None)))
+                operations = describe(builder, getattr(handler, "__self__", None))
+                # only the methods the route answers (an alias of a route may answer fewer)
+                served = {method: op for method, op in operations.items() if method.upper() in route.handlers}
+                paths.setdefault(path or route.path, {}).update(served)
                 break
     doc: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,

@@ -100,12 +100,25 @@ class TrussMethod(Exchange):
     post = exchange_route()
 
 
+class TrussPredict(RealtimeEndpoint):
+    """``POST /v1/models/<api>:predict``: the realtime route under Truss's path (a function of its own, so that
+    the OpenAPI document lists it apart from ``POST /<api>``)."""
+
+    post = exchange_route()
+
+
+class Invocations(RealtimeEndpoint):
+    """``POST /invocations``: the realtime route under SageMaker's path."""
+
+    post = exchange_route()
+
+
 class SageMaker:
     """``GET /ping`` and ``POST /invocations`` of a project's one API."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
-        self.invocations = RealtimeEndpoint(api).post
+        self.invocations = Invocations(api).post
 
     async def ping(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = request_headers(scope)[0]
@@ -119,7 +132,7 @@ def routes(server: ModelServer) -> list[Route]:
     """``/v1/models/<api>:predict`` of each Truss API, and SageMaker's routes of a lone one."""
     realtime = [api for api in server.apis.values() if api.config.kind == "realtime"]
     truss = [api for api in realtime if api.config.truss is not None]
-    table = [Route(f"/v1/models/{api.name}:predict", {"POST": RealtimeEndpoint(api).post}) for api in truss]
+    table = [Route(f"/v1/models/{api.name}:predict", {"POST": TrussPredict(api).post}) for api in truss]
     if len(realtime) == 1 and truss:
         sagemaker = SageMaker(truss[0])
         own: list[tuple[str, dict[str, Handler]]] = [

@@ -304,3 +304,17 @@ def test_head_on_a_post_path_runs_nothing(server: Any) -> None:
     answer = httpx.head(server.url + "/v1/chat/completions", headers=auth())
     assert answer.status_code == 405
     assert answer.headers["allow"] == "POST"
+
+
+def test_the_openapi_document_lists_openai_s_paths(server: Any) -> None:
+    from openapi_spec_validator import validate
+
+    document = httpx.get(server.url + "/openapi.json", headers=auth()).json()
+    validate(document)
+    paths = document["paths"]
+    assert set(paths["/v1/chat/completions"]["post"]["tags"]) == {"chat", "shout"}
+    assert paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] == [
+        "model",
+        "input",
+    ]
+    assert set(paths["/v1/models/{name}"]) == {"get"}

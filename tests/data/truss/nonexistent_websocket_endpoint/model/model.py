@@ -1,0 +1,5 @@
+
+class Model:
+
+    async def predict(self, inputs):
+        pass
