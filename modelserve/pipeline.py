@@ -95,8 +95,11 @@ class Pipeline:
         """The same stages, with at most `stage_limit` calls of each unshared stage at once.
 
         A batched API admits several requests per running batch; this keeps ``max_concurrency`` a promise
-        about each of the user's stages (with 1, preprocess is never called concurrently).
+        about each of the user's stages (with 1, preprocess is never called concurrently). A pipeline built with
+        this limit already is returned as it is (with its `run`).
         """
+        if stage_limit == self.stage_limit:
+            return self
         return Pipeline(
             self.stages,
             needs_inputs=self.needs_inputs,

@@ -16,7 +16,9 @@ from modelserve.batching import Batcher, Failed
 if TYPE_CHECKING:
     import numpy as np
 
+    from modelserve._threads import Adaptive
     from modelserve.config import BatchingConfig
+    from modelserve.pipeline import Step
     from modelserve.runtimes._tensors import TensorSpec
 
 logger = logging.getLogger("modelserve")
@@ -228,4 +230,64 @@ class TensorBatcher:
             "waiting": self.batcher.waiting,
             **self.stacker.describe(),
             "stacked_execution": self.execution() if self.execution is not None else None,
+        }
+
+
+#: A model measured faster than this per call is served unbatched (while its hooks run inline too).
+#: Measured with benchmarks/serving_matrix.py on the 2-core machine: the batched path costs a request 60-130 us
+#: more server time than the unbatched one (its future and queue entry, the batch's task, stacking and splitting,
+#: the hooks' limits), and stacking saves at most the model's own call time per request, so on a model that
+#: runs in tens of microseconds (iris, a 3x256 MLP) batching served ~0.55x the unbatched requests; a 4x1024^2 MLP
+#: (2-3 ms a row) gains several times.
+UNBATCHED_BELOW_S = 0.0005
+
+
+class BatchChoice:
+    """Whether a batched model file API serves its next request batched, or unbatched while batching would not
+    pay; measured like `_threads.Adaptive`'s inline rule, from the same estimates.
+
+    A request is served unbatched (pre_inference, the model and post_inference as one step on the event loop)
+    while the model's single call is measured under `UNBATCHED_BELOW_S` and under the API's inline threshold,
+    and every sync hook is measured inline: then all of it runs on the loop, one request at a time, and the
+    batcher's bookkeeping would cost more than stacking saves. Otherwise batched (a model that became slower,
+    a hook that went to a thread: the batched path's limits apply again). ``inline_threshold_ms: 0`` therefore
+    always batches. ``GET /<api>`` shows the current mode and how many requests each served; the metrics
+    time the unbatched ones' model calls as the stage "run (unbatched)".
+    """
+
+    def __init__(self, run: Adaptive, hooks: Sequence[Adaptive], below_s: float = UNBATCHED_BELOW_S) -> None:
+        self.run = run
+        self.hooks = tuple(hooks)
+        self.below = min(below_s, run.threshold)
+        self.unbatched_requests = 0
+        self.batched_requests = 0
+
+    def unbatched(self) -> bool:
+        estimate = self.run.estimate
+        if estimate is None or estimate >= self.below:
+            return False
+        for hook in self.hooks:
+            hook_estimate = hook.estimate
+            if hook_estimate is None or hook_estimate >= hook.threshold:
+                return False
+        return True
+
+    def step(self, unbatched: Step, batched: Step) -> Step:
+        """The step that runs each request with `unbatched` or `batched`, as `unbatched()` says at its start."""
+
+        def choose(value: Any, request: Any, ctx: Any) -> Awaitable[Any]:
+            if self.unbatched():
+                self.unbatched_requests += 1
+                return unbatched(value, request, ctx)
+            self.batched_requests += 1
+            return batched(value, request, ctx)
+
+        return choose
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": "unbatched" if self.unbatched() else "batched",
+            "unbatched_below_ms": self.below * 1000,
+            "unbatched_requests": self.unbatched_requests,
+            "batched_requests": self.batched_requests,
         }

@@ -36,7 +36,7 @@ from modelserve.pipeline import PASS_THROUGH, Pipeline, Stage, Step
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 from modelserve.schema import TypedValue, typed_value
-from modelserve.stacking import TensorBatcher
+from modelserve.stacking import BatchChoice, TensorBatcher
 
 if TYPE_CHECKING:
     from modelserve.api_metrics import ApiMetrics
@@ -144,6 +144,8 @@ class ModelFileBackend(Backend):
     #: share by name are checked here). A protocol whose values are the model's own tensors (V2) asks
     #: `Api.call` to run it instead of `pipeline`.
     tensors: Pipeline | None = None
+    #: With `batching`: whether each request is served batched, or unbatched while batching would not pay.
+    choice: BatchChoice | None = None
 
     def __init__(
         self,
@@ -202,7 +204,12 @@ class ModelFileBackend(Backend):
         self.pipeline = self._build_pipeline()
         run = Stage("run", self._run_stage(with_post=False, tensors=True), True, shared=True)
         timer = self.api_metrics.stage_timer
-        self.tensors = Pipeline([run], needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step(True))
+        if self.api.batching is None:
+            self.tensors = Pipeline(
+                [run], needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step(True)
+            )
+        else:
+            self.tensors = self._choosing(Pipeline([run], needs_inputs=True, needs_request=False, timer=timer), True)
         if self.threads is not None:
             # The batch threads start off the loop, each warmed by a call with zeros: a GPU runtime builds
             # per-thread state on a thread's first call.
@@ -247,7 +254,20 @@ class ModelFileBackend(Backend):
                 Stage("post_inference", self._hook_stage(post, "post_inference", self._post_signature()), True)
             )
         timer = self.api_metrics.stage_timer
-        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step())
+        if self.api.batching is None:
+            return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step())
+        # Batched: the hooks limited to max_concurrency calls at once here (Api.load finds them so), and each
+        # request served batched or not by the API's `BatchChoice`.
+        stage_limit = self.api.max_concurrency
+        pipeline = Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, stage_limit=stage_limit)
+        return self._choosing(pipeline, tensors=False)
+
+    def _choosing(self, pipeline: Pipeline, tensors: bool) -> Pipeline:
+        """`pipeline` (batched) running each request as `choice` says: batched, or as one unbatched step."""
+        unbatched = self._fused_step(tensors, in_batched_api=True)
+        if unbatched is not None and self.choice is not None:
+            pipeline.run = self.choice.step(unbatched, pipeline.run)
+        return pipeline
 
     def _pre_signature(self) -> Any:
         assert self.model is not None
@@ -337,15 +357,16 @@ class ModelFileBackend(Backend):
 
         return call
 
-    def _fused_step(self, tensors: bool = False) -> Step | None:
+    def _fused_step(self, tensors: bool = False, in_batched_api: bool = False) -> Step | None:
         """The unbatched call with sync hooks as one step: pre_inference, the model and post_inference, each an
         `Adaptive` call (a plain call while inline, awaited only when it goes to a thread).
 
         The staged pipeline costs a coroutine per stage and one more per hook call, with the same checks and
         timing between them: in one process, 9 coroutines of an iris request with both hooks where this has one
         (the staged pipeline stays the reference, and what batching and async hooks run). None where it does
-        not apply."""
-        if self.api.batching is not None:
+        not apply. `in_batched_api`: the step a batched API serves a request with when batching would not pay
+        (`stacking.BatchChoice`); its model calls are timed as the stage "run (unbatched)"."""
+        if self.api.batching is not None and not in_batched_api:
             return None
         model = self.model
         assert model is not None
@@ -361,6 +382,7 @@ class ModelFileBackend(Backend):
         at_pre, at_run, at_post = (self.adaptive[name] for name in ("pre_inference", "run", "post_inference"))
         run, several, first = model.run, len(model.inputs) > 1, model.inputs[0].name
         timer = self.api_metrics.stage_timer
+        run_stage = "run (unbatched)" if in_batched_api else "run"
 
         async def step(value: Any, request: Any, ctx: RequestContext | None) -> Any:
             if pre is not None:
@@ -389,7 +411,7 @@ class ModelFileBackend(Backend):
                 raise
             except BaseException as exc:  # noqa: B036
                 raise UserCodeError("run", exc) from exc
-            timer("run", perf_counter() - started)
+            timer(run_stage, perf_counter() - started)
             if post is None:
                 return value
             if ctx is not None and ctx.cancelled:
@@ -423,6 +445,8 @@ class ModelFileBackend(Backend):
         # per-thread state on a thread's first call).
         self.threads = BatchThreads(self.api.name, self.api.max_concurrency)
         alone.threads = stacked.threads = self.threads
+        sync_hooks = [self.adaptive[name] for name, hook in self.hooks.items() if not inspect.iscoroutinefunction(hook)]
+        self.choice = BatchChoice(alone, sync_hooks)
 
         async def run_alone(feeds: dict[str, Any]) -> Any:
             return await alone.call(run, feeds, size=_size(feeds))
@@ -460,10 +484,15 @@ class ModelFileBackend(Backend):
                     if name == "run" or name in self.hooks
                 },
             },
-            "batching": self.batcher.describe() if self.batcher is not None else None,
+            "batching": self._describe_batching(),
             "device": self.device.name,
             "worker": devices.worker_slot(),
         }
+
+    def _describe_batching(self) -> dict[str, Any] | None:
+        if self.batcher is None:
+            return None
+        return {**self.batcher.describe(), **(self.choice.describe() if self.choice is not None else {})}
 
     async def close(self) -> None:
         if self.threads is not None:

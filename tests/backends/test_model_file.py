@@ -126,9 +126,17 @@ def test_the_tensor_entry_runs_as_one_step_too(client: TestClient) -> None:
         np.testing.assert_array_equal(fused[name], staged[name])
 
 
-@pytest.mark.parametrize("api", ["async-pre", "batched"])
-def test_async_hooks_and_batching_keep_the_staged_pipeline(client: TestClient, api: str) -> None:
-    backend = client.app.server.apis[api].backend  # type: ignore[attr-defined]
+def test_async_hooks_keep_the_staged_pipeline(client: TestClient) -> None:
+    backend = client.app.server.apis["async-pre"].backend  # type: ignore[attr-defined]
     assert backend.pipeline.run is backend.pipeline._compiled_run
-    answer = client.post(f"/{api}", json={"inputs": [ROW]})
+    answer = client.post("/async-pre", json={"inputs": [ROW]})
     assert answer.status_code == 200
+
+
+def test_a_batched_api_chooses_between_the_fused_step_and_its_limited_stages(client: TestClient) -> None:
+    backend = client.app.server.apis["batched"].backend  # type: ignore[attr-defined]
+    assert backend.pipeline.stage_limit == 1
+    assert backend.pipeline.run is not backend.pipeline._compiled_run
+    assert backend.pipeline.limited(1) is backend.pipeline  # Api.load keeps the choice
+    fused, staged = run_both(client, "batched", {"inputs": [ROW]})
+    assert fused == staged
