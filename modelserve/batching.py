@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from modelserve import context
 from modelserve._threads import BatchThreads
 from modelserve.context import current
 from modelserve.errors import BatchSizeMismatch
@@ -90,6 +91,12 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
         self._soon = False
+        #: What a waiting request is kept as, and what wraps a batch's call (None: nothing): with tracing on
+        #: (`modelserve.tracing`), an entry that remembers its request's span and a batch span linked to them.
+        self.entry: type[_Entry] = _Entry
+        self.trace: Callable[[Batcher, list[_Entry], Any], Any] | None = None
+        if context.tracing is not None:
+            context.tracing.instrument_batcher(self)
 
     @property
     def waiting(self) -> int:
@@ -99,7 +106,7 @@ class Batcher:
         """Wait for `item`'s batch to run and return its own result. A `Failed` result (one request's own
         failure) is raised here, as is the exception of a call that failed as a whole."""
         loop = asyncio.get_running_loop()
-        entry = _Entry(item, loop.create_future(), time.perf_counter())
+        entry = self.entry(item, loop.create_future(), time.perf_counter())
         self._queue.append(entry)
         if not self._soon:
             # Dispatched at the end of this turn of the loop, not now: the requests that the same turn parses
@@ -166,15 +173,17 @@ class Batcher:
         def done(results: Any, error: BaseException | None) -> None:
             call_soon(finish, batch, results, error)
 
-        self.threads.submit(self.sync_call, ([entry.item for entry in batch],), done)
+        call = self.sync_call if self.trace is None else self.trace(self, batch, self.sync_call)
+        self.threads.submit(call, ([entry.item for entry in batch],), done)
 
     async def _run(self, batch: list[_Entry]) -> None:
         started = time.perf_counter()
         if self.on_batch is not None:
             self.on_batch(len(batch), [started - entry.arrived for entry in batch])
         assert self.call is not None
+        call = self.call if self.trace is None else self.trace(self, batch, self.call)
         try:
-            results = await self.call([entry.item for entry in batch])
+            results = await call([entry.item for entry in batch])
         except Exception as exc:
             self._finish(batch, None, exc)
         except BaseException:

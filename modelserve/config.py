@@ -26,6 +26,8 @@ CONFIG_FILE = "modelserve.yaml"
 DEFAULT_MAX_BODY_SIZE = 10 * 1024 * 1024
 DEFAULT_MAX_QUEUED_BYTES = 256 * 1024 * 1024
 DEFAULT_RESULT_TTL = 7 * 24 * 3600.0
+#: The environment variable that turns tracing on as ``--tracing`` does (the CLI sets it for its workers).
+TRACING_ENV = "MODELSERVE_TRACING"
 RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics", "v2", "openapi.json", "openapi", "docs"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_FORMATS = ("onnx", "tensorflow")
@@ -223,6 +225,8 @@ class ProjectConfig:
     allowed_hosts: list[str] | None = None
     #: Whether ``/docs`` serves the interactive page of the OpenAPI document (``docs: false``, ``--no-docs``).
     docs: bool = True
+    #: OpenTelemetry tracing (``tracing: true``, ``--tracing``, ``MODELSERVE_TRACING=1``; `modelserve.tracing`).
+    tracing: bool = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -474,7 +478,7 @@ _CORS_KEYS = {
     "allow_private_network",
     "max_age",
 }
-_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts", "docs"}
+_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts", "docs", "tracing"}
 
 
 def infer_model_format(path: str) -> str | None:
@@ -765,6 +769,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
     cors: CorsConfig | None = None
     allowed_hosts: list[str] | None = None
     docs = True
+    tracing = False
     if isinstance(data, list):
         raw_apis: Any = data
     elif isinstance(data, dict):
@@ -779,6 +784,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
             cors = _parse_cors(data["cors"], problems)
         allowed_hosts = problems.take(data, "allowed_hosts", _host_patterns, "top level")
         docs = problems.take(data, "docs", _bool, "top level", docs)
+        tracing = problems.take(data, "tracing", _bool, "top level", tracing)
     else:
         raise ConfigError(f"{source} is not valid: expected a mapping with 'apis:' or a list of APIs")
     if not isinstance(raw_apis, list) or not raw_apis:
@@ -808,6 +814,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
         cors=cors,
         allowed_hosts=allowed_hosts,
         docs=docs,
+        tracing=tracing,
     )
 
 

@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import Callable
 from random import getrandbits
+from typing import Any, Protocol
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 
@@ -92,6 +93,23 @@ def _nothing() -> None:
 
 
 current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("modelserve_request", default=None)
+
+
+class Tracer(Protocol):
+    """What the lower layers call of the process's tracing (`modelserve.tracing.Tracing`), when it is on."""
+
+    def instrument_batcher(self, batcher: Any) -> None: ...
+
+    def job_context(self) -> str: ...
+
+    def job(self, run: Any, job: Any, api: str) -> Any: ...
+
+    def log_ids(self) -> tuple[str, str] | None: ...
+
+
+#: The process's tracing (`modelserve.tracing`) once ``--tracing`` turned it on, else None: the parts that trace
+#: when it is on (a batcher, a job's submit and run, log lines) read it where they are built, or once per job.
+tracing: Tracer | None = None
 
 
 def is_cancelled() -> bool:

@@ -14,7 +14,8 @@ With ``--log-format json`` that line is
 "api": "iris", "request_id": "...", "rows": 3, "model": {"name": "iris", "version": 3}}``: the keys of
 ``extra`` are flattened one level into the object. An extra key that would overwrite a key modelserve
 writes (``asctime``, ``levelname``, ``message``, ``process``, ``labels``, ``logger``, ``api``,
-``request_id``...) is written as ``extra_<key>`` instead.
+``request_id``...) is written as ``extra_<key>`` instead. With tracing on, a line written inside a span also
+has ``trace_id`` and ``span_id`` (hex, as trace back-ends show them).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) |
     "color_message",  # uvicorn's colored copy of the message
     "taskName",  # Python 3.12+
 }
-_CONTEXT_KEYS = ("api", "request_id")
+_CONTEXT_KEYS = ("api", "request_id", "trace_id", "span_id")
 
 if TYPE_CHECKING:
     _Adapter = logging.LoggerAdapter[logging.Logger]
@@ -77,7 +78,8 @@ logger = UserLogger(logging.getLogger("modelserve.user"))
 
 
 class RequestContextFilter(logging.Filter):
-    """Adds ``api`` and ``request_id`` to records written while a request is being served."""
+    """Adds ``api`` and ``request_id`` to records written while a request is being served, and with tracing on
+    (`modelserve.tracing`) ``trace_id`` and ``span_id`` of the span current where the record was written."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         ctx = context.current.get()
@@ -86,6 +88,11 @@ class RequestContextFilter(logging.Filter):
                 record.request_id = ctx.request_id
             if not hasattr(record, "api"):
                 record.api = ctx.api
+        tracing = context.tracing
+        if tracing is not None and not hasattr(record, "trace_id"):
+            ids = tracing.log_ids()
+            if ids is not None:
+                record.trace_id, record.span_id = ids
         return True
 
 

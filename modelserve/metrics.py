@@ -10,6 +10,12 @@ threads), and `Metrics.flush` adds what changed to the prometheus children. A fl
 scrape and, with several workers, every `FLUSH_INTERVAL` seconds in each worker: a scrape answered by one
 worker sees the others' numbers at most that old (plus the live gauges, in flight and waiting, refreshed on
 the same schedule).
+
+Beside the server's own families, every answer has the process's (``process_*``: CPU, memory, open files;
+with several workers one series per worker, labelled ``pid``), the platform's (``python_info``) and
+``modelserve_build_info``. With tracing on (`modelserve.tracing`) the request latency histogram carries
+exemplars, the trace id of a recent request in each bucket, shown when the scraper asks for the OpenMetrics
+format (`Metrics.negotiated`).
 """
 
 from __future__ import annotations
@@ -17,14 +23,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import importlib.util
 import os
 import re
+import sys
 import threading
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
-from prometheus_client.metrics_core import Metric
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.samples import Exemplar, Sample
 
 from modelserve.errors import MetricsError
 
@@ -34,6 +55,8 @@ _LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The answer's type when the scraper's Accept asks for OpenMetrics (the format that shows exemplars).
+OPENMETRICS_TYPE = openmetrics.CONTENT_TYPE_LATEST
 #: Seconds between two flushes of a worker's buffered observations, with several worker processes.
 FLUSH_INTERVAL = 1.0
 #: Names of the samples each kind of family writes, from its name (a counter drops a ``_total`` suffix).
@@ -132,6 +155,13 @@ class Metrics:
             ["reason"],
             registry=owner,
         )
+        # The process's own families: this process's from /proc/self, or each live worker's (labelled pid).
+        if self.multiprocess:
+            self.registry.register(_WorkerProcesses(self.directory or ""))
+        else:
+            ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.registry.register(_BuildInfo())
         self._exposed = _WithoutCreated(self.registry)
         self._refreshers: list[Callable[[], None]] = []
         self._flushers: list[Callable[[], None]] = []
@@ -160,10 +190,17 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """The answer of ``GET /metrics``: every family, without the ``_created`` samples."""
+        return self.negotiated(None)[0]
+
+    def negotiated(self, accept: str | None) -> tuple[bytes, bytes]:
+        """(body, content type) of ``GET /metrics`` for a scraper's Accept: OpenMetrics (with the exemplars)
+        when it asks for ``application/openmetrics-text``, else the Prometheus text format."""
         self.flush()
         if self.directory is not None:
             _forget_dead_workers(self.directory)
-        return generate_latest(self._exposed)
+        if accept is not None and "application/openmetrics-text" in accept:
+            return openmetrics.generate_latest(self._exposed), OPENMETRICS_TYPE.encode()  # type: ignore[no-untyped-call]
+        return generate_latest(self._exposed), CONTENT_TYPE.encode()
 
     # --------------------------------------------------------------------------------------------
     # periodic flush (several worker processes only)
@@ -337,3 +374,75 @@ def _dead(pids: Iterable[int]) -> list[int]:
         except PermissionError:
             pass  # alive, owned by someone else
     return dead
+
+
+def set_exemplar(child: Any, seconds: float, trace_id: str) -> None:
+    """Mark the bucket of histogram `child` that `seconds` falls in with the trace of that request (an
+    OpenMetrics exemplar). The observation itself is counted as usual (`modelserve.api_metrics`); this sets
+    only the exemplar, on prometheus-client's private buckets, left alone where they are not as expected
+    (and without effect with several workers: prometheus-client keeps no exemplars in its multiprocess files)."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    if bounds is None or buckets is None or len(bounds) != len(buckets):
+        return
+    bucket = buckets[bisect_left(bounds, seconds)]
+    if hasattr(bucket, "set_exemplar"):
+        bucket.set_exemplar(Exemplar({"trace_id": trace_id}, seconds, time.time()))
+
+
+def _runtimes() -> str:
+    """The model runtimes this install can serve, comma-separated (found, not imported)."""
+    from modelserve.runtimes import RUNTIMES
+
+    found = []
+    for name, runtime in sorted(RUNTIMES.items()):
+        try:
+            if importlib.util.find_spec(runtime.package) is not None:
+                found.append(name)
+        except (ImportError, ValueError):
+            pass
+    return ",".join(found)
+
+
+class _BuildInfo:
+    """``modelserve_build_info{version, python, runtimes} 1``: what a dashboard shows beside the numbers."""
+
+    def __init__(self) -> None:
+        from modelserve import __version__
+
+        self.labels = [__version__, ".".join(map(str, sys.version_info[:3])), _runtimes()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            PREFIX + "build_info",
+            "modelserve's version, the Python version and the model runtimes installed",
+            labels=["version", "python", "runtimes"],
+        )
+        family.add_metric(self.labels, 1)
+        yield family
+
+
+class _WorkerProcesses:
+    """The ``process_*`` families of every live worker process, each series labelled with its ``pid``.
+
+    prometheus-client's process collector reads one process; with several workers a scrape is answered by
+    one of them, so this reads (in ``/proc``) each live worker that has metrics files in the shared folder."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def collect(self) -> Iterator[Metric]:
+        pids: set[int] = set()
+        for path in glob.glob(os.path.join(self.directory, "*.db")):
+            digits = os.path.basename(path)[: -len(".db")].rpartition("_")[2]
+            if digits.isdigit():
+                pids.add(int(digits))
+        merged: dict[str, Metric] = {}
+        for pid in sorted(pids - set(_dead(pids))):
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # type: ignore[misc]
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    into.samples.append(Sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value))
+        yield from merged.values()

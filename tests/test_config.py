@@ -172,7 +172,12 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
         ),
         (
             "api:\n  - name: echo\n    handler: {path: model.py}\n",
-            "top level: unknown key 'api' (known keys: allowed_hosts, apis, auth, cors, docs, jobs, protocols)",
+            "top level: unknown key 'api' "
+            "(known keys: allowed_hosts, apis, auth, cors, docs, jobs, protocols, tracing)",
+        ),
+        (
+            "tracing: yes please\napis:\n  - name: echo\n    handler: {path: model.py}\n",
+            "top level: key 'tracing': expected true or false, got 'yes please' (str)",
         ),
         (
             "42\n",

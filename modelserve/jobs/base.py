@@ -46,6 +46,9 @@ class NewJob:
     id: str
     kind: str  # json | text | bytes: how to give the payload back to the handler
     payload: bytes
+    #: The trace context of the submit, with tracing on (`modelserve.tracing.Tracing.job_context`): the worker
+    #: that runs the job continues that trace. Stored with the job, opaque to the store.
+    trace: str | None = None
 
 
 @dataclass
@@ -55,6 +58,7 @@ class ClaimedJob:
     kind: str
     payload: bytes
     attempts: int
+    trace: str | None = None
 
 
 @dataclass

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class _Record:
-    __slots__ = ("seq", "id", "kind", "payload", "status", "owner", "attempts", "result", "error", "finished")
+    __slots__ = ("seq", "id", "kind", "payload", "status", "owner", "attempts", "result", "error", "finished", "trace")
 
     def __init__(self, seq: int, job: NewJob) -> None:
         self.seq = seq  # submission order: the queue is kept in it
@@ -38,6 +38,7 @@ class _Record:
         self.result: bytes | None = None
         self.error: str | None = None
         self.finished: float | None = None
+        self.trace = job.trace
 
 
 class MemoryStore(JobStore):
@@ -84,7 +85,7 @@ class MemoryStore(JobStore):
             record.owner = owner
             record.attempts += 1
             assert record.payload is not None
-            claimed.append(ClaimedJob(api, record.id, record.kind, record.payload, record.attempts))
+            claimed.append(ClaimedJob(api, record.id, record.kind, record.payload, record.attempts, record.trace))
         return claimed
 
     def _end(self, api: str, record: _Record, status: str, ttl: float) -> None:

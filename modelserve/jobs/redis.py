@@ -2,7 +2,8 @@
 
 Keys (``P`` is the ``prefix`` of the ``jobs:`` block, ``A`` the API's name)::
 
-    P:A:job:<id>   a hash: seq, status, kind, payload, attempts, owner, result, error, finished
+    P:A:job:<id>   a hash: seq, status, kind, payload, attempts, owner, result, error, finished, trace (the
+                   submit's trace context, with tracing on)
     P:A:queue      a list of queued job ids in submission order (by seq)
     P:A:seq        the counter that numbers the API's submissions (a job's seq)
     P:A:running    a sorted set of running job ids, scored by the time their lease expires
@@ -38,6 +39,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 'duplicate' end
 if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[4]) then return 'full' end
 local seq = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], 'seq', seq, 'status', 'in_queue', 'kind', ARGV[2], 'payload', ARGV[3], 'attempts', 0)
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'trace', ARGV[5]) end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 return 'ok'
 """
@@ -52,8 +54,8 @@ while #claimed < tonumber(ARGV[4]) do
     local attempts = redis.call('HINCRBY', key, 'attempts', 1)
     redis.call('HSET', key, 'status', 'in_progress', 'owner', ARGV[2])
     redis.call('ZADD', KEYS[2], ARGV[3], id)
-    local fields = redis.call('HMGET', key, 'kind', 'payload')
-    table.insert(claimed, {id, fields[1], fields[2], attempts})
+    local fields = redis.call('HMGET', key, 'kind', 'payload', 'trace')
+    table.insert(claimed, {id, fields[1], fields[2], attempts, fields[3]})
   end
 end
 return claimed
@@ -248,7 +250,7 @@ class RedisStore(JobStore):
     async def submit(self, job: NewJob, max_queued: int) -> None:
         answer = await self._scripts["submit"](
             keys=[self._job(job.api, job.id), self._queue(job.api), self._seq(job.api)],
-            args=[job.id, job.kind, job.payload, max_queued],
+            args=[job.id, job.kind, job.payload, max_queued, job.trace or ""],
         )
         if answer == b"duplicate":
             raise DuplicateJob(job.id)
@@ -261,8 +263,10 @@ class RedisStore(JobStore):
             args=[self._jobs(api), owner, now() + LEASE_SECONDS, limit],
         )
         return [
-            ClaimedJob(api, job_id.decode(), kind.decode(), payload, int(attempts))
-            for job_id, kind, payload, attempts in rows
+            ClaimedJob(
+                api, row[0].decode(), row[1].decode(), row[2], int(row[3]), _text(row[4] if len(row) > 4 else None)
+            )
+            for row in rows
         ]
 
     async def finish(
@@ -316,3 +320,7 @@ class RedisStore(JobStore):
 
     async def queued(self, api: str) -> int:
         return int(await self._client.llen(self._queue(api)))
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode() if value else None

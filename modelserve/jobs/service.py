@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from modelserve import _threads
+from modelserve import _threads, context
 from modelserve.codecs import DECODE_INLINE_MAX, decode_payload, release_in_pieces
 from modelserve.errors import ConfigError, Conflict, NotFound, ServiceUnavailable
 from modelserve.jobs import make_store
@@ -76,7 +76,8 @@ class Jobs:
             kind, payload = await _threads.run_sync(stored_payload, content_type, body)
         else:
             kind, payload = stored_payload(content_type, body)
-        await self.store.submit(NewJob(api.name, job_id, kind, payload), api.config.max_queue_length)
+        trace = context.tracing.job_context() if context.tracing is not None else None
+        await self.store.submit(NewJob(api.name, job_id, kind, payload, trace), api.config.max_queue_length)
         worker.wake()
         api.metrics.job("in_queue")
 

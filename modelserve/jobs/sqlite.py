@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     lease_until REAL,
     finished REAL,
     expires_at REAL,
+    trace TEXT,
     UNIQUE (api, id)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (api, status, seq);
@@ -113,6 +114,8 @@ class SQLiteStore(JobStore):
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(SCHEMA)
+        if "trace" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+            db.execute("ALTER TABLE jobs ADD COLUMN trace TEXT")  # a file from before tracing came
         return db
 
     def check(self) -> None:
@@ -205,8 +208,8 @@ class SQLiteStore(JobStore):
                 raise JobQueueFull(max_queued)
             try:
                 db.execute(
-                    "INSERT INTO jobs (api, id, status, kind, payload) VALUES (?, ?, ?, ?, ?)",
-                    (job.api, job.id, IN_QUEUE, job.kind, job.payload),
+                    "INSERT INTO jobs (api, id, status, kind, payload, trace) VALUES (?, ?, ?, ?, ?, ?)",
+                    (job.api, job.id, IN_QUEUE, job.kind, job.payload, job.trace),
                 )
             except sqlite3.IntegrityError:
                 raise DuplicateJob(job.id) from None
@@ -218,11 +221,11 @@ class SQLiteStore(JobStore):
             rows = db.execute(
                 "UPDATE jobs SET status = ?, owner = ?, lease_until = ?, attempts = attempts + 1 "
                 "WHERE seq IN (SELECT seq FROM jobs WHERE api = ? AND status = ? ORDER BY seq LIMIT ?) "
-                "RETURNING seq, id, kind, payload, attempts",
+                "RETURNING seq, id, kind, payload, attempts, trace",
                 (IN_PROGRESS, owner, now() + LEASE_SECONDS, api, IN_QUEUE, limit),
             ).fetchall()
             rows.sort()
-            return [ClaimedJob(api, row[1], row[2], row[3], row[4]) for row in rows]
+            return [ClaimedJob(api, row[1], row[2], row[3], row[4], row[5]) for row in rows]
 
         return await self._write(take)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from modelserve import context
 from modelserve.codecs import encode_json
 from modelserve.context import RequestContext, current
 from modelserve.errors import ClientDisconnected, EncodeError, HTTPError, UserCodeError
@@ -116,7 +117,10 @@ class JobWorker:
         self.busy += 1
         self.api.metrics.job("in_progress")
         running = _Running(ctx)
-        running.task = asyncio.get_running_loop().create_task(self._run(job, running))
+        run = self._run(job, running)
+        if context.tracing is not None:  # continues the trace of the job's submit (`modelserve.tracing`)
+            run = context.tracing.job(run, job, self.name)
+        running.task = asyncio.get_running_loop().create_task(run)
         self.running[job.id] = running
 
     async def _run(self, job: ClaimedJob, running: _Running) -> None:
