@@ -21,11 +21,13 @@ import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from starlette.websockets import WebSocketDisconnect
+
 from modelserve.backends.model_class import ModelClassBackend, constructor_arguments, data_dir_of
 from modelserve.compat.truss_cache import hint
-from modelserve.errors import LoadError, NotFound
+from modelserve.errors import ClientDisconnected, LoadError, NotFound
 from modelserve.introspect import STAGES, ModelSpec, StageSpec, describe_callable, inspect_model_class, inspect_stage
-from modelserve.pipeline import Pipeline, Stage, adapt
+from modelserve.pipeline import Pipeline, Stage, StageCall, adapt
 
 if TYPE_CHECKING:
     from modelserve.config import ApiConfig
@@ -115,6 +117,19 @@ def inspect_websocket(cls: type, label: str) -> ModelSpec:
     return ModelSpec(cls=cls, stages=(), has_load=callable(load), load_is_async=inspect.iscoroutinefunction(load))
 
 
+def _closing(call: StageCall) -> StageCall:
+    """A websocket method whose client's close (``WebSocketDisconnect`` left uncaught) ends the call as a
+    disconnect, not as a failure of user code."""
+
+    async def closing(value: Any, request: Any) -> Any:
+        try:
+            return await call(value, request)
+        except WebSocketDisconnect as exc:
+            raise ClientDisconnected(f"the client closed the WebSocket ({exc.code})") from None
+
+    return closing
+
+
 class TrussModelClassBackend(ModelClassBackend):
     """A Model class with Truss's constructor arguments, its other entry points, and Truss's paths explained."""
 
@@ -149,15 +164,15 @@ class TrussModelClassBackend(ModelClassBackend):
 
     def build_pipeline(self, instance: Any) -> Pipeline:
         timer = self.api_metrics.stage_timer
-        self.entries = {
-            name: Pipeline(
-                [Stage(name, adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request), spec.is_async)],
-                needs_inputs=spec.takes_inputs,
-                needs_request=spec.takes_request,
-                timer=timer,
+        self.entries = {}
+        for name, spec in self.endpoints.items():
+            call = adapt(spec.bind(instance), spec.takes_inputs, spec.takes_request)
+            if name == WEBSOCKET_METHOD:
+                call = _closing(call)
+            stage = Stage(name, call, spec.is_async)
+            self.entries[name] = Pipeline(
+                [stage], needs_inputs=spec.takes_inputs, needs_request=spec.takes_request, timer=timer
             )
-            for name, spec in self.endpoints.items()
-        }
         if self.websocket:
             return Pipeline([Stage("predict", self._no_predict, False)], needs_inputs=False, timer=timer)
         return super().build_pipeline(instance)

@@ -28,7 +28,7 @@ from modelserve import project as project_module
 from modelserve.codecs import JSON_TYPE
 from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
 from modelserve.errors import ConfigError, ServiceUnavailable
-from modelserve.http import specs
+from modelserve.http import specs, websocket
 from modelserve.http._asgi import request_headers, send_body, send_json
 from modelserve.http.access import logged
 from modelserve.http.docs import docs_routes
@@ -149,6 +149,12 @@ class ModelserveApp(Starlette):
             if self._first:
                 self._first_request(scope)
             await self._edge(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # the WebSocket routes, with the guard's checks (modelserve.http.websocket)
+            scope["app"] = self
+            if self._first:
+                self._first_request(scope)
+            await websocket.serve(scope, receive, send, self.table, self._edge if type(self._edge) is Guard else None)
             return
         await super().__call__(scope, receive, send)
 

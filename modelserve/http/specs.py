@@ -26,7 +26,13 @@ if TYPE_CHECKING:
 #: or a Truss class's ``chat_completions``...), Truss's and SageMaker's routes of a Truss API, and ``/v1/websocket``;
 #: ``v2`` the Open Inference Protocol (``/v2/...``).
 PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "native": ("modelserve.http.realtime", "modelserve.http.jobs", "modelserve.http.openai", "modelserve.http.truss"),
+    "native": (
+        "modelserve.http.realtime",
+        "modelserve.http.jobs",
+        "modelserve.http.openai",
+        "modelserve.http.truss",
+        "modelserve.http.websocket",
+    ),
     "v2": ("modelserve.http.v2",),
 }
 

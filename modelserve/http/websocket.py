@@ -1,0 +1,327 @@
+"""WebSocket routes: Truss's ``/v1/websocket`` and modelserve's own ``/<api>/ws`` for a streaming API.
+
+::
+
+    WS /v1/websocket    a Truss API's ``async def websocket(self, websocket)``, given a Starlette WebSocket
+                        (FastAPI's is the same class), accepted first as Truss does
+    WS /<api>/ws        a realtime API: one message in (its inputs, JSON text or bytes), the result out (each
+                        chunk of a stream a message: text as text, bytes as bytes, anything else as JSON text),
+                        then a close with 1000
+
+A WebSocket handshake goes through the same checks as a request (`check`): the Host check, the ``Origin`` (a
+browser's cross-site handshake: allowed when CORS allows the origin, or when it names the Host itself), and the
+API key, in a header or, for a browser, as the subprotocol ``bearer.<key>`` (echoed back when accepted). A refused
+handshake is answered with the usual JSON error (401, 400, 403, 503) where the server offers ASGI's denial
+response, else closed before it is accepted (a 403).
+
+A connection is one call of its API through `Api.call`: admitted to its line (or refused with a 503), holding one
+of its ``max_concurrency`` slots while it is open, under its ``timeout``. Each message a client sends is bounded
+by the API's ``max_body_size`` (a larger one closes with 1009; the server's own bound, uvicorn's ``ws_max_size``,
+16 MiB, is met first). Close codes: 1000 when the call ends, 1003 for a Truss API without a websocket method (as
+Truss), 1011 when user code fails (the reason names no internals; the traceback is in the log with the request
+id), 1013 when the call took longer than the API's timeout. Pings are uvicorn's (``ws_ping_interval``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from modelserve.api import Api, Stream
+from modelserve.codecs import encode_json
+from modelserve.context import RequestContext, sane_request_id
+from modelserve.errors import (
+    BadRequest,
+    ClientDisconnected,
+    GatewayTimeout,
+    HTTPError,
+    NotFound,
+    ServiceUnavailable,
+    UserCodeError,
+)
+from modelserve.http._asgi import request_headers
+from modelserve.http.errors import render, send_error
+from modelserve.http.routing import Route, RouteTable, route_path
+
+if TYPE_CHECKING:
+    from modelserve.http.guard import Guard
+    from modelserve.server import ModelServer
+
+logger = logging.getLogger("modelserve")
+
+PATH = "/v1/websocket"
+#: Truss's close reasons (truss_server.py), which its tests read.
+NOT_IMPLEMENTED = "WebSocket is not implemented on this deployment."
+MODEL_ERROR = "Internal Server Error (in model/chainlet)."
+#: Seconds ``/<api>/ws`` waits for its one message (the API's ``timeout`` when it has one).
+FIRST_MESSAGE_WAIT = 60.0
+#: The subprotocol a browser sends its API key in (it cannot set headers on a WebSocket).
+KEY_PROTOCOL = "bearer."
+#: Close codes (RFC 6455, section 7.4.1, and IANA's registry).
+NORMAL, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL, TRY_AGAIN = 1000, 1003, 1008, 1009, 1011, 1013
+
+
+class Forbidden(HTTPError):
+    status_code = 403
+    default_message = "forbidden"
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    return dict(scope["headers"])
+
+
+def _key_protocol(scope: Scope) -> str | None:
+    """The ``bearer.<key>`` subprotocol the client offered, if any."""
+    for protocol in scope.get("subprotocols", ()):
+        if protocol.startswith(KEY_PROTOCOL):
+            return str(protocol)
+    return None
+
+
+def check(guard: Guard | None, scope: Scope, path: str) -> Exception | None:
+    """Why a handshake is refused (an `HTTPError`), or None: the guard's checks of a request, for a WebSocket."""
+    headers = _headers(scope)
+    origin = headers.get(b"origin")
+    host = headers.get(b"host")
+    if guard is not None and guard.hosts is not None and not guard.hosts.allows(host):
+        return BadRequest("this server does not answer for the Host of this request (see allowed_hosts)")
+    if origin is not None and not _same_origin(origin, host):
+        if guard is None or guard.cors is None or not guard.cors.allows(origin):
+            return Forbidden("a WebSocket from this Origin is not allowed (see cors.allow_origins)")
+    if guard is not None and guard.keys is not None:
+        access = guard.access(path)
+        protocol = _key_protocol(scope)
+        authorization = headers.get(b"authorization")
+        if protocol is not None and authorization is None:
+            authorization = b"Bearer " + protocol[len(KEY_PROTOCOL) :].encode("latin-1")
+        refused = guard.keys.check(access, authorization, headers.get(b"x-api-key"))
+        if refused is not None:
+            return refused.error(access)
+    return None
+
+
+def _same_origin(origin: bytes, host: bytes | None) -> bool:
+    """Whether an Origin (``scheme://host[:port]``) names the Host the handshake was sent to."""
+    return host is not None and origin.partition(b"://")[2].lower() == host.lower()
+
+
+async def deny(scope: Scope, send: Send, error: Exception, request_id: str) -> None:
+    """Refuse a handshake: the JSON error answer where the server offers ASGI's denial response, else a close
+    before accepting (the server answers 403)."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": POLICY})
+        return
+
+    async def as_denial(message: Message) -> None:
+        await send({**message, "type": "websocket." + message["type"]})
+
+    await send_error(as_denial, error, request_id)
+
+
+async def serve(scope: Scope, receive: Receive, send: Send, table: RouteTable, guard: Guard | None) -> None:
+    """A WebSocket handshake to the app: the route's WebSocket endpoint, once the guard's checks pass."""
+    path = route_path(scope)
+    request_id = sane_request_id(_headers(scope).get(b"x-request-id", b"").decode("latin-1") or None)
+    found = table.match(path)
+    get = found[0].handlers.get("GET") if found is not None else None
+    endpoint = getattr(getattr(get, "__self__", None), "websocket", None)
+    if endpoint is None:
+        await deny(scope, send, NotFound(f"no WebSocket at {path}"), request_id)
+        return
+    refused = check(guard, scope, path)
+    if refused is not None:
+        await deny(scope, send, refused, request_id)
+        return
+    await endpoint(scope, _bounded(receive, send, endpoint.__self__.api.config.max_body_size), send, request_id)
+
+
+def _bounded(receive: Receive, send: Send, limit: int) -> Receive:
+    """A `receive` that closes the connection with 1009 on a message larger than `limit` bytes."""
+
+    async def bounded() -> Message:
+        message = await receive()
+        if message["type"] == "websocket.receive":
+            data = message.get("bytes")
+            text = message.get("text")
+            size = len(data) if data is not None else len(text.encode("utf-8")) if text is not None else 0
+            if size > limit:
+                reason = f"message larger than the limit of {limit} bytes"
+                await send({"type": "websocket.close", "code": TOO_BIG, "reason": reason})
+                return {"type": "websocket.disconnect", "code": TOO_BIG, "reason": reason}
+        return message
+
+    return bounded
+
+
+async def _close(websocket: WebSocket, code: int, reason: str = "") -> None:
+    if (
+        websocket.application_state == WebSocketState.CONNECTED
+        and websocket.client_state != WebSocketState.DISCONNECTED
+    ):
+        try:
+            await websocket.close(code, reason)
+        except (RuntimeError, OSError):
+            pass  # the client closed first
+
+
+def _close_code(error: BaseException) -> tuple[int, str]:
+    """The close code and reason a failed call ends its connection with: its own words for a refusal of the
+    client's input (1008), none of the internals for a failure (1011)."""
+    if isinstance(error, GatewayTimeout):
+        return TRY_AGAIN, "the call took longer than the API's timeout"
+    if isinstance(error, HTTPError) and error.status_code < 500:
+        return POLICY, error.message[:120]  # a close reason is at most 123 bytes
+    return INTERNAL, MODEL_ERROR
+
+
+class _Endpoint:
+    """What both WebSocket routes share: the plain-HTTP answer, admission, the call, and the close."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A plain HTTP GET: this route speaks WebSocket only."""
+        error = BadRequest("this route is a WebSocket: connect with ws:// (Upgrade: websocket)")
+        error.headers["upgrade"] = "websocket"
+        await send_error(send, error, request_headers(scope)[0])
+
+    async def _run(self, websocket: WebSocket, value: Any, ctx: RequestContext, **call: Any) -> Any:
+        """One call of the API, admitted already; a failure closes the connection with its code."""
+        try:
+            return await self.api.call(value, ctx, admitted=0, **call)
+        except ClientDisconnected:
+            logger.info("api '%s': the client closed the WebSocket (request %s)", self.api.name, ctx.request_id)
+        except Exception as exc:
+            if not isinstance(exc, (UserCodeError, GatewayTimeout)):
+                render(exc, ctx.request_id)  # logs what is not an HTTP error, once
+            await _close(websocket, *_close_code(exc))
+        return _FAILED
+
+    async def _admitted(self, scope: Scope, send: Send, request_id: str) -> bool:
+        try:
+            self.api.admit(0)
+        except ServiceUnavailable as exc:
+            await deny(scope, send, exc, request_id)
+            return False
+        return True
+
+
+_FAILED = object()
+
+
+class TrussWebSocket(_Endpoint):
+    """``/v1/websocket`` of a Truss API: its ``websocket`` method, or a close with 1003 when it has none."""
+
+    async def websocket(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        websocket = WebSocket(scope, receive, send)
+        entry = getattr(self.api.backend, "entries", {}).get("websocket")
+        if entry is None and self.api.ready:
+            logger.error("api '%s': %s", self.api.name, NOT_IMPLEMENTED)
+            await websocket.accept()
+            await websocket.close(UNSUPPORTED, NOT_IMPLEMENTED)
+            return
+        if not await self._admitted(scope, send, request_id):
+            return
+        await websocket.accept(_key_protocol(scope))
+        ctx = RequestContext(self.api.name, request_id)
+        entry = self.api.backend.entries["websocket"]  # type: ignore[attr-defined]
+        if await self._run(websocket, websocket, ctx, pipeline=entry) is not _FAILED:
+            await _close(websocket, NORMAL)
+
+
+class ApiWebSocket(_Endpoint):
+    """``/<api>/ws``: one message in, the result (each chunk of a stream) out, then a close with 1000."""
+
+    async def websocket(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
+        websocket = WebSocket(scope, receive, send)
+        if not await self._admitted(scope, send, request_id):
+            return
+        await websocket.accept(_key_protocol(scope))
+        ctx = RequestContext(self.api.name, request_id)
+        try:
+            message = await asyncio.wait_for(websocket.receive(), self.api.config.timeout or FIRST_MESSAGE_WAIT)
+        except asyncio.TimeoutError:
+            self.api.unadmit(0)
+            await _close(websocket, POLICY, "no message came")
+            return
+        except BaseException:
+            self.api.unadmit(0)
+            raise
+        if message["type"] == "websocket.disconnect":
+            self.api.unadmit(0)
+            return
+        text = message.get("text")
+        if text is not None:
+            try:
+                value: Any = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                value = text
+        else:
+            value = message.get("bytes", b"")
+        result = await self._run(websocket, value, ctx, cancelled=_Closed(websocket))
+        if result is _FAILED:
+            return
+        try:
+            if isinstance(result, Stream):
+                try:
+                    while (chunk := await result.next()) is not Stream.END:
+                        await _send_chunk(websocket, chunk)
+                    result.watch.disarm()
+                finally:
+                    await result.aclose()
+            else:
+                await _send_chunk(websocket, result)
+        except (WebSocketDisconnect, ClientDisconnected):
+            logger.info("api '%s': the client closed the WebSocket (request %s)", self.api.name, request_id)
+            return
+        except Exception as exc:
+            if not isinstance(exc, UserCodeError):
+                render(exc, request_id)
+            await _close(websocket, *_close_code(exc))
+            return
+        await _close(websocket, NORMAL)
+
+
+class _Closed:
+    """`Api.call`'s `cancelled` for a WebSocket: completes when the client closes the connection."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+
+    async def __call__(self) -> str:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return "disconnect"
+
+
+async def _send_chunk(websocket: WebSocket, chunk: Any) -> None:
+    if isinstance(chunk, str):
+        await websocket.send_text(chunk)
+    elif isinstance(chunk, (bytes, bytearray, memoryview)):
+        await websocket.send_bytes(bytes(chunk))
+    else:
+        await websocket.send_text(encode_json(chunk).decode("utf-8"))
+
+
+def routes(server: ModelServer) -> list[Route]:
+    """``/v1/websocket`` of a project's Truss API, and ``/<api>/ws`` of each realtime API."""
+    table = []
+    realtime = [api for api in server.apis.values() if api.config.kind == "realtime"]
+    truss = [
+        api for api in realtime if api.config.truss is not None or "websocket" in getattr(api.backend, "endpoints", {})
+    ]
+    with_method = [api for api in truss if "websocket" in getattr(api.backend, "endpoints", {})]
+    if len(with_method) > 1:
+        logger.warning("several APIs have a websocket method; /v1/websocket serves '%s'", with_method[0].name)
+    if with_method or len(truss) == 1:
+        table.append(Route(PATH, {"GET": TrussWebSocket((with_method or truss)[0]).get}))
+    for api in realtime:
+        table.append(Route(f"/{api.name}/ws", {"GET": ApiWebSocket(api).get}))
+    return table
