@@ -26,7 +26,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from modelserve import project as project_module
 from modelserve.codecs import JSON_TYPE
-from modelserve.config import ApiConfig, HandlerConfig, ProjectConfig, apply_command_line, load_project_config
+from modelserve.config import (
+    TRACING_ENV,
+    ApiConfig,
+    HandlerConfig,
+    ProjectConfig,
+    apply_command_line,
+    load_project_config,
+)
 from modelserve.errors import ConfigError, ServiceUnavailable
 from modelserve.http import specs, websocket
 from modelserve.http._asgi import request_headers, send_body, send_json
@@ -36,7 +43,6 @@ from modelserve.http.errors import render, send_error
 from modelserve.http.guard import Guard
 from modelserve.http.routing import Handler, Route, RouteTable, TableRoute
 from modelserve.http.streaming import quiet_aborts
-from modelserve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from modelserve.project import caller_dir, prepare_environment
 from modelserve.server import LoadErrorCallback, ModelServer
 
@@ -67,8 +73,9 @@ class ServerRoutes:
         await send_error(send, not_ready, request_id)
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = self.server.metrics.exposition()
-        await send_body(send, 200, body, METRICS_CONTENT_TYPE.encode(), request_headers(scope)[0])
+        request_id, _, _, accept = request_headers(scope)
+        body, content_type = self.server.metrics.negotiated(accept)  # OpenMetrics when asked for (exemplars)
+        await send_body(send, 200, body, content_type, request_id)
 
 
 def routes(server: ModelServer) -> list[Route]:
@@ -85,6 +92,10 @@ def routes(server: ModelServer) -> list[Route]:
     table += docs_routes(server, table)  # /openapi.json describes this very table
     for route in table:  # in place: the docs read this very list
         route.handlers = {method: _logged(handler) for method, handler in route.handlers.items()}
+    if server.project.tracing:  # the exchanges' routes in their server spans; off, the table is as it was
+        from modelserve.tracing import install
+
+        install().traced_routes(table)
     return table
 
 
@@ -251,6 +262,11 @@ def create_app(
         apply_command_line(project, api_key_env, cors_origins)
         project.docs = project.docs and docs
         server = ModelServer(project, on_load_error=on_load_error, workers=workers)
+        if project.tracing or os.environ.get(TRACING_ENV, "") not in ("", "0", "false"):
+            from modelserve.tracing import install  # imported only when tracing is on
+
+            project.tracing = True
+            install().instrument(server)
         return ModelserveApp(server, base_url, host)
     except BaseException:
         # Loading a project moved into its folder: a project that fails leaves the caller where it was.
