@@ -1,0 +1,270 @@
+"""The WebSocket routes (modelserve/http/websocket.py) with the ``websockets`` client: Truss's websocket test
+models as published (truss/tests/test_model_inference.py), and ``/<api>/ws`` of modelserve APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
+
+from tests.conftest import write_project
+
+TRUSS = Path(__file__).resolve().parents[1] / "data" / "truss"
+KEY = "ws-test-key"
+
+PROJECT = {
+    "modelserve.yaml": """
+        auth: {api_keys_env: WS_TEST_KEYS}
+        cors: {allow_origins: ["http://allowed.example"]}
+        apis:
+          - name: words
+            handler: {path: model.py, class: Words}
+          - name: small
+            handler: {path: model.py, class: Words}
+            max_body_size: 64
+          - name: held
+            handler: {path: model.py, class: Held}
+            max_concurrency: 1
+            max_queue_length: 0
+    """,
+    "model.py": """
+        import asyncio
+        from pathlib import Path
+
+
+        class Words:
+            def predict(self, inputs):
+                if inputs == "fail":
+                    raise RuntimeError("secret internals")
+                if isinstance(inputs, dict):
+                    return {"echo": inputs}
+                return self.words(inputs)
+
+            def words(self, text):
+                for word in text.split():
+                    yield word
+
+
+        class Held:
+            async def predict(self, inputs):
+                return self.hold()
+
+            async def hold(self):
+                yield "first"
+                release = Path(__file__).with_name("release")
+                for _ in range(500):
+                    if release.exists():
+                        break
+                    await asyncio.sleep(0.02)
+                yield "last"
+    """,
+}
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+async def messages(url: str, sent: str | bytes, **options: Any) -> tuple[list[Any], int | None, str | None]:
+    """Send one message, receive until the server closes: (the messages, the close code, the reason)."""
+    received = []
+    async with websockets.connect(url, **options) as socket:
+        await socket.send(sent)
+        try:
+            while True:
+                received.append(await socket.recv())
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None
+            return received, closed.rcvd.code, closed.rcvd.reason
+    raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Truss's websocket method, with Truss's own test models
+
+
+@pytest.fixture(scope="module")
+def truss_servers(start_server_module: Any) -> dict[str, Any]:
+    cases = ("websocket_endpoint", "websocket_endpoint_error_logs", "nonexistent_websocket_endpoint")
+    servers = {case: start_server_module(TRUSS / case) for case in cases}
+    for server in servers.values():
+        server.wait_ready()
+    return servers
+
+
+def ws_url(server: Any, path: str) -> str:
+    return server.url.replace("http://", "ws://") + path
+
+
+def test_websocket_endpoint(truss_servers: dict[str, Any]) -> None:
+    """truss/tests/test_model_inference.py::test_websocket_endpoint, its exchange and assertions."""
+
+    async def exchange() -> None:
+        async with websockets.connect(ws_url(truss_servers["websocket_endpoint"], "/v1/websocket")) as websocket:
+            await websocket.send("hello")
+            assert await websocket.recv() == "hello pong"
+            await websocket.send("world")
+            assert await websocket.recv() == "world pong"
+            await websocket.send("done")
+            with pytest.raises(ConnectionClosed) as exc_info:
+                await websocket.recv()
+            assert exc_info.value.rcvd is not None
+            assert exc_info.value.rcvd.code == 1000
+            assert exc_info.value.rcvd.reason == ""
+
+    run(exchange())
+
+
+def test_websocket_endpoint_error_logs(truss_servers: dict[str, Any]) -> None:
+    """test_websocket_endpoint_error_logs: 1011 with Truss's reason, the traceback in the log."""
+    server = truss_servers["websocket_endpoint_error_logs"]
+
+    async def exchange() -> None:
+        async with websockets.connect(ws_url(server, "/v1/websocket")) as websocket:
+            await websocket.send("hello")
+            assert await websocket.recv() == "hello pong"
+            await websocket.send("raise")
+            with pytest.raises(ConnectionClosedError) as exc_info:
+                await websocket.recv()
+            assert exc_info.value.rcvd is not None
+            assert exc_info.value.rcvd.code == 1011
+            assert exc_info.value.rcvd.reason == "Internal Server Error (in model/chainlet)."
+
+    run(exchange())
+    deadline = time.monotonic() + 10
+    while 'raise ValueError("This is test error.")' not in server.log:
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.05)
+    assert "ValueError: This is test error." in server.log
+
+
+def test_nonexistent_websocket_endpoint(truss_servers: dict[str, Any]) -> None:
+    """test_nonexistent_websocket_endpoint: accepted, then closed with 1003 and Truss's reason."""
+
+    async def exchange() -> None:
+        with pytest.raises(ConnectionClosedError) as exc_info:
+            async with websockets.connect(
+                ws_url(truss_servers["nonexistent_websocket_endpoint"], "/v1/websocket")
+            ) as ws:
+                await ws.recv()
+        assert exc_info.value.rcvd is not None
+        assert exc_info.value.rcvd.code == 1003
+        assert exc_info.value.rcvd.reason == "WebSocket is not implemented on this deployment."
+
+    run(exchange())
+
+
+def test_a_plain_get_of_a_websocket_route_is_a_400(truss_servers: dict[str, Any]) -> None:
+    answer = httpx.get(truss_servers["websocket_endpoint"].url + "/v1/websocket")
+    assert answer.status_code == 400
+    assert answer.headers["upgrade"] == "websocket"
+
+
+def test_the_websocket_model_has_no_predict(truss_servers: dict[str, Any]) -> None:
+    assert httpx.post(truss_servers["websocket_endpoint"].url + "/model", json={}).status_code == 404
+
+
+# ------------------------------------------------------------------------------------------------------------
+# /<api>/ws of modelserve APIs
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_project(tmp_path_factory.mktemp("ws") / "project", PROJECT)
+
+
+@pytest.fixture(scope="module")
+def server(start_server_module: Any, project: Path) -> Any:
+    served = start_server_module(project, env={"WS_TEST_KEYS": KEY})
+    served.wait_listening()
+    deadline = time.monotonic() + 60
+    while httpx.get(served.url + "/readyz").status_code != 200:
+        assert time.monotonic() < deadline, served.log
+        time.sleep(0.05)
+    return served
+
+
+AUTH = {"additional_headers": {"Authorization": f"Bearer {KEY}"}}
+
+
+def test_a_stream_is_one_message_per_chunk_then_a_close_1000(server: Any) -> None:
+    assert run(messages(ws_url(server, "/words/ws"), "one two three", **AUTH)) == (["one", "two", "three"], 1000, "")
+
+
+def test_a_json_message_is_the_inputs_and_a_dict_the_answer(server: Any) -> None:
+    received, code, _ = run(messages(ws_url(server, "/words/ws"), '{"a": 1}', **AUTH))
+    assert (received, code) == (['{"echo":{"a":1}}'], 1000)
+
+
+def test_a_failure_closes_with_1011_and_names_no_internals(server: Any) -> None:
+    received, code, reason = run(messages(ws_url(server, "/words/ws"), '"fail"', **AUTH))
+    assert (received, code) == ([], 1011)
+    assert "secret" not in (reason or "")
+
+
+def test_a_message_over_max_body_size_closes_with_1009(server: Any) -> None:
+    received, code, _ = run(messages(ws_url(server, "/small/ws"), "x" * 65, **AUTH))
+    assert (received, code) == ([], 1009)
+    assert run(messages(ws_url(server, "/small/ws"), "fits", **AUTH))[0] == ["fits"]
+
+
+def test_the_key_is_needed_at_the_handshake(server: Any) -> None:
+    with pytest.raises(InvalidStatus) as caught:
+        run(messages(ws_url(server, "/words/ws"), "x"))
+    assert caught.value.response.status_code == 401
+    with pytest.raises(InvalidStatus):
+        run(messages(ws_url(server, "/words/ws"), "x", additional_headers={"Authorization": "Bearer wrong"}))
+
+
+def test_a_browser_sends_the_key_as_a_subprotocol(server: Any) -> None:
+    async def exchange() -> tuple[str | None, Any]:
+        async with websockets.connect(ws_url(server, "/words/ws"), subprotocols=[f"bearer.{KEY}"]) as socket:  # type: ignore[list-item]
+            await socket.send("hi")
+            return socket.subprotocol, await socket.recv()
+
+    assert run(exchange()) == (f"bearer.{KEY}", "hi")
+
+
+@pytest.mark.parametrize(("origin", "status"), [("http://evil.example", 403), ("http://allowed.example", None)])
+def test_the_origin_of_a_browser_is_checked(server: Any, origin: str, status: int | None) -> None:
+    options = {**AUTH, "origin": origin}
+    if status is None:
+        assert run(messages(ws_url(server, "/words/ws"), "ok", **options))[0] == ["ok"]
+        return
+    with pytest.raises(InvalidStatus) as caught:
+        run(messages(ws_url(server, "/words/ws"), "ok", **options))
+    assert caught.value.response.status_code == status
+
+
+def test_an_unknown_path_refuses_the_handshake(server: Any) -> None:
+    with pytest.raises(InvalidStatus) as caught:
+        run(messages(ws_url(server, "/nowhere/ws"), "x", **AUTH))
+    assert caught.value.response.status_code == 404
+
+
+def test_a_connection_holds_its_api_s_slot(server: Any, project: Path) -> None:
+    release = project / "release"
+    release.unlink(missing_ok=True)
+
+    async def exchange() -> tuple[int, list[Any], int | None]:
+        async with websockets.connect(ws_url(server, "/held/ws"), **AUTH) as first:
+            await first.send("go")
+            assert await first.recv() == "first"
+            with pytest.raises(InvalidStatus) as refused:
+                async with websockets.connect(ws_url(server, "/held/ws"), **AUTH):
+                    pass
+            release.write_text("")
+            rest = [await first.recv()]
+            with pytest.raises(ConnectionClosed) as closed:
+                await first.recv()
+            assert closed.value.rcvd is not None
+            return refused.value.response.status_code, rest, closed.value.rcvd.code
+
+    assert run(exchange()) == (503, ["last"], 1000)
+    assert run(messages(ws_url(server, "/held/ws"), "again", **AUTH))[1] == 1000
