@@ -242,6 +242,11 @@ class Adaptive:
             return self.threads.run_here(self._timed, fn, args, size)
         return run_in_thread(self._timed, fn, args, size, ctx=current.get())
 
+    def measured(self, fn: Callable[..., Any], *args: Any, size: float = 1.0) -> Any:
+        """``fn(*args)`` in the caller's thread (a batch thread that chose no other), counted as a thread call."""
+        self.thread_calls += 1
+        return self._timed(fn, args, size)
+
     def _timed(self, fn: Callable[..., Any], args: tuple[Any, ...], size: float) -> Any:
         started = perf_counter()
         try:

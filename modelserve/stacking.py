@@ -16,15 +16,15 @@ from modelserve.batching import Batcher, Failed
 if TYPE_CHECKING:
     import numpy as np
 
-    from modelserve._threads import Adaptive
+    from modelserve._threads import Adaptive, BatchThreads
     from modelserve.config import BatchingConfig
     from modelserve.pipeline import Step
     from modelserve.runtimes._tensors import TensorSpec
 
 logger = logging.getLogger("modelserve")
 
-#: Runs the model once on feeds (``{input name: array}``) and returns its prediction.
-RunFeeds = Callable[[dict[str, Any]], Awaitable[Any]]
+#: Runs the model once on feeds (``{input name: array}``) and returns its prediction (in a batch thread).
+RunFeeds = Callable[[dict[str, Any]], Any]
 
 
 def has_batch_dimension(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
@@ -96,7 +96,8 @@ def split_prediction(prediction: Any, rows: list[int]) -> list[Any] | None:
 
 
 class FeedStacker:
-    """The batched call of a model file: runs a batch of per-request feeds in as few model calls as it can.
+    """The batched call of a model file: runs a batch of per-request feeds in as few model calls as it can, in
+    the batch thread that runs it (concatenating and splitting happen there too, off the event loop).
 
     Requests whose feeds share a `stack_key` run as one call on their concatenation; the others (different
     non-batch dimensions, inputs of unequal rows, a model without a batch dimension) run alone. Returns one
@@ -115,10 +116,10 @@ class FeedStacker:
         self.requests = 0
         self._unsplittable: set[tuple[Any, ...]] = set()
 
-    async def __call__(self, items: list[dict[str, Any]]) -> list[Any]:
+    def __call__(self, items: list[dict[str, Any]]) -> list[Any]:
         self.requests += len(items)
         if not self.stackable or len(items) == 1:
-            return [await self._alone(feeds) for feeds in items]
+            return [self._alone(feeds) for feeds in items]
         results: list[Any] = [None] * len(items)
         groups: dict[tuple[Any, ...], list[int]] = {}
         alone: list[int] = []
@@ -135,29 +136,29 @@ class FeedStacker:
             if len(indices) == 1:
                 alone.extend(indices)
                 continue
-            parts = await self._stacked(key, [items[index] for index in indices])
+            parts = self._stacked(key, [items[index] for index in indices])
             if parts is None:
                 alone.extend(indices)
                 continue
             for index, part in zip(indices, parts, strict=True):
                 results[index] = part
         for index in sorted(alone):
-            results[index] = await self._alone(items[index])
+            results[index] = self._alone(items[index])
         return results
 
-    async def _alone(self, feeds: dict[str, Any]) -> Any:
+    def _alone(self, feeds: dict[str, Any]) -> Any:
         self.calls += 1
         try:
-            return await self.run(feeds)
+            return self.run(feeds)
         except Exception as exc:
             return Failed(exc)
 
-    async def _stacked(self, key: tuple[Any, ...], group: list[dict[str, Any]]) -> list[Any] | None:
+    def _stacked(self, key: tuple[Any, ...], group: list[dict[str, Any]]) -> list[Any] | None:
         rows = [rows_of(feeds) or 0 for feeds in group]
         self.calls += 1
         self.stacked_calls += 1
         try:
-            prediction = await self.run_stacked(stack(group))
+            prediction = self.run_stacked(stack(group))
         except Exception as exc:
             logger.debug(
                 "%s: a stacked call of %d requests raised %r; running them one by one", self.label, len(group), exc
@@ -183,10 +184,13 @@ class FeedStacker:
 
 
 class TensorBatcher:
-    """Batching for a model file: a `Batcher` whose batched call is a `FeedStacker`.
+    """Batching for a model file: a `Batcher` whose batched call is a `FeedStacker`, run on `threads`.
 
-    `run` runs the feeds of one request, `run_stacked` (by default `run`) the concatenated feeds of several;
-    `execution` describes where the stacked calls run (``GET /<api>``).
+    `run` runs the feeds of one request, `run_stacked` (by default `run`) the concatenated feeds of several,
+    both sync, in one of the API's `threads`: the batch is handed to its thread the moment it is formed, without
+    a task of its own or a loop turn between the model's calls (a batch that went through a task and an awaited
+    hop per call formed batches of 5.6 requests on average for a 4x1024^2 MLP at 64 connections, 45% of its
+    calls a lone request's). `execution` describes the stacked calls (``GET /<api>``).
 
     ::
 
@@ -206,13 +210,15 @@ class TensorBatcher:
         execution: Callable[[], dict[str, Any]] | None = None,
         max_concurrency: int = 1,
         on_batch: Callable[[int, list[float]], None] | None = None,
+        threads: BatchThreads | None = None,
     ) -> None:
         self.stacker = FeedStacker(
             run, stackable=has_batch_dimension(inputs, outputs), run_stacked=run_stacked, label=f"api '{name}'"
         )
         self.execution = execution
         self.batcher = Batcher(
-            self.stacker,
+            sync_call=self.stacker,
+            threads=threads,
             name=name,
             max_batch_size=config.max_batch_size,
             max_wait_ms=config.max_wait_ms,

@@ -372,7 +372,7 @@ def test_the_stacker_groups_stackable_requests_and_runs_the_others_alone() -> No
 
     calls: list[tuple[int, ...]] = []
 
-    async def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         x = feeds["x"]
         calls.append(x.shape)
         if (x < 0).any():
@@ -389,14 +389,14 @@ def test_the_stacker_groups_stackable_requests_and_runs_the_others_alone() -> No
         {"x": np.ones((1, 3))},
         {"x": np.ones((1, 5))},  # nothing to stack with
     ]
-    results = asyncio.run(stacker(items))
+    results = stacker(items)
     assert [r[0].tolist() for r in results[:2]] == [[[2, 2]], [[4, 4], [4, 4]]]
     assert isinstance(results[2], Failed) and str(results[2].error) == "negative"
     assert [r[0].tolist() for r in results[3:]] == [[[2, 2, 2]], [[2, 2, 2]], [[2] * 5]]
     assert calls[0] == (4, 2) and (2, 3) in calls  # two stacked attempts, then calls of one request
     assert stacker.stacked_calls == 2 and stacker.calls == len(calls)
     calls.clear()
-    asyncio.run(stacker([{"x": np.ones((1, 3))}, {"x": np.ones((1, 3))}]))
+    stacker([{"x": np.ones((1, 3))}, {"x": np.ones((1, 3))}])
     assert calls == [(1, 3), (1, 3)]  # an unsplittable shape is remembered: no stacked attempt again
 
 

@@ -448,11 +448,11 @@ class ModelFileBackend(Backend):
         sync_hooks = [self.adaptive[name] for name, hook in self.hooks.items() if not inspect.iscoroutinefunction(hook)]
         self.choice = BatchChoice(alone, sync_hooks)
 
-        async def run_alone(feeds: dict[str, Any]) -> Any:
-            return await alone.call(run, feeds, size=_size(feeds))
+        def run_alone(feeds: dict[str, Any]) -> Any:
+            return alone.measured(run, feeds, size=_size(feeds))
 
-        async def run_stacked(feeds: dict[str, Any]) -> Any:
-            return await stacked.call(run, feeds, size=_size(feeds))
+        def run_stacked(feeds: dict[str, Any]) -> Any:
+            return stacked.measured(run, feeds, size=_size(feeds))
 
         self.batcher = TensorBatcher(
             run_alone,
@@ -464,6 +464,7 @@ class ModelFileBackend(Backend):
             execution=stacked.describe,
             max_concurrency=self.api.max_concurrency,
             on_batch=self.api_metrics.batch,
+            threads=self.threads,
         )
         return self.batcher.run
 
