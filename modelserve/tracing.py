@@ -113,7 +113,11 @@ def _provider() -> trace.TracerProvider:
         ) from None
     from modelserve import __version__
 
-    attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "modelserve", "service.version": __version__}
+    attributes: dict[str, Any] = {
+        "service.name": os.environ.get("OTEL_SERVICE_NAME") or "modelserve",
+        "service.version": __version__,
+        "process.pid": os.getpid(),  # which worker of --workers N made the span
+    }
     provider = TracerProvider(resource=Resource.create(attributes))
     # The exporter logs every failed try (a line per retry, per batch): `_Counted` warns once and counts instead.
     quiet = logging.getLogger("opentelemetry.exporter.otlp.proto.http")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import platform
 import subprocess
 import sys
 import threading
@@ -16,12 +17,14 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.values import MutexValue
 
 import modelserve
 from modelserve.metrics import _forget_dead_workers
 from tests.conftest import write_project
+from tests.tracing.receiver import Receiver, env
 
 pytestmark = pytest.mark.anyio
 
@@ -155,6 +158,49 @@ async def test_every_built_in_family_exists_and_no_created_series(client_of: Any
     }
     assert {name: families[name].type for name in expected} == expected
     assert "_created" not in answer.text
+
+
+async def test_process_platform_and_build_info(client_of: Any) -> None:
+    client = await client_of(modelserve.create_app(handler=Staged, name="staged"))
+    families = await scrape(client)
+    assert value(families, "process_resident_memory_bytes") > 0
+    assert value(families, "process_open_fds") > 0
+    assert families["process_cpu_seconds"].type == "counter"
+    assert families["python_info"].samples[0].labels["version"] == platform.python_version()
+    (build,) = families["modelserve_build_info"].samples
+    assert build.value == 1
+    assert build.labels["version"] == modelserve.__version__
+    assert build.labels["python"] == platform.python_version()
+    assert set(build.labels["runtimes"].split(",")) <= {"onnx", "tensorflow"}
+    assert "onnx" in build.labels["runtimes"]  # onnxruntime is installed for the tests
+
+
+def test_openmetrics_answers_carry_exemplars_with_the_trace_id_when_tracing_is_on(
+    tmp_path: Path, start_server: Any
+) -> None:
+    receiver = Receiver()
+    try:
+        project = write_project(
+            tmp_path / "p", {"model.py": "class Model:\n    def predict(self, inputs):\n        return {}\n"}
+        )
+        server = start_server(project, env=env(receiver))
+        server.wait_ready()
+        traces = {httpx.post(server.url + "/", json={}).headers["traceparent"].split("-")[1] for _ in range(3)}
+        plain = httpx.get(server.url + "/metrics")
+        assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert "trace_id" not in plain.text  # the Prometheus text format has no exemplars
+        answer = httpx.get(server.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert answer.headers["content-type"].startswith("application/openmetrics-text")
+        families = {family.name: family for family in openmetrics_families(answer.text)}
+        exemplars = [
+            sample.exemplar
+            for sample in families["modelserve_request_duration_seconds"].samples
+            if sample.exemplar is not None
+        ]
+        assert exemplars
+        assert {exemplar.labels["trace_id"] for exemplar in exemplars} <= traces
+    finally:
+        receiver.close()
 
 
 class Held:
@@ -342,6 +388,9 @@ def test_workers_share_one_metrics_answer_and_the_directory_is_removed(tmp_path:
     assert value(families, "modelserve_stage_duration_seconds_count", api="model", stage="predict") == sent
     assert value(families, "served_total", kind="test") == sent
     assert value(families, "modelserve_model_load_seconds", api="model") > 0
+    # each worker's process metrics, told apart by pid, whichever worker answered
+    memory = {sample.labels["pid"] for sample in families["process_resident_memory_bytes"].samples}
+    assert memory == {str(pid) for pid in pids}
     assert server.stop() == 0
     assert not metrics_dir.exists()
 

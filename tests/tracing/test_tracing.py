@@ -4,12 +4,18 @@ test's own (`tests.tracing.receiver`): the span tree of a request, a batch, a st
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import write_project
 from tests.tracing.receiver import Receiver, Span, children, client_span, env
@@ -226,3 +232,71 @@ def test_a_v2_infer_has_its_server_span(server: Any, receiver: Receiver) -> None
     assert span.parent_id == parent_id
     assert span.name == "POST /v2/models/echo/infer"
     assert receiver.wait_for(lambda spans: any(s.name == "modelserve.stage.predict" for s in children(spans, span)))
+
+
+def test_a_collector_that_is_down_fails_no_request(tmp_path: Path, start_server: Any) -> None:
+    root = write_project(tmp_path, {"modelserve.yaml": PROJECT, "model.py": MODEL})
+    down = Receiver()
+    down.close()  # a port where nothing listens any more
+    server = start_server(root, env={**env(down), "OTEL_EXPORTER_OTLP_TIMEOUT": "1"})
+    server.wait_ready()
+    for _ in range(3):
+        assert httpx.post(f"{server.url}/asyncmodel", json={}).status_code == 200
+    deadline = time.monotonic() + 30
+    while "could not be exported" not in server.log:
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.05)
+    dropped = 0.0
+    while not dropped:
+        assert time.monotonic() < deadline
+        text = httpx.get(f"{server.url}/metrics").text
+        dropped = sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "modelserve_spans_dropped_total"
+        )
+    assert httpx.post(f"{server.url}/asyncmodel", json={}).status_code == 200
+    assert server.log.count("could not be exported") == 1
+
+
+def test_tracing_off_imports_nothing_of_it_and_answers_no_traceparent(tmp_path: Path) -> None:
+    script = """
+import sys
+import httpx
+import modelserve
+
+class Echo:
+    def predict(self, inputs):
+        return inputs
+
+async def main():
+    app = modelserve.create_app(handler=Echo, name="echo")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        await app.server.wait_loaded()
+        answer = await client.post("/echo", json={}, headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+    assert answer.status_code == 200 and "traceparent" not in answer.headers, answer.headers
+    loaded = sorted(name for name in sys.modules if name == "modelserve.tracing" or name.startswith("opentelemetry"))
+    assert not loaded, loaded
+
+import asyncio
+asyncio.run(main())
+print("ok")
+"""
+    environment = {key: value for key, value in os.environ.items() if key != "MODELSERVE_TRACING"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=environment, capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_each_worker_exports_its_own_spans(tmp_path: Path, start_server: Any, receiver: Receiver) -> None:
+    root = write_project(tmp_path, {"modelserve.yaml": PROJECT, "model.py": MODEL})
+    server = start_server(root, "--workers", "2", env=env(receiver, "two-workers"))
+    server.wait_ready(consecutive=20)
+    deadline = time.monotonic() + 30
+    pids: set[int] = set()
+    while len(pids) < 2:  # a new connection per request: both workers end up serving
+        assert time.monotonic() < deadline, f"spans of workers {pids} only"
+        trace_id = httpx.post(f"{server.url}/asyncmodel", json={}).headers["traceparent"].split("-")[1]
+        span = server_span(receiver, trace_id, "/asyncmodel")
+        assert span.service == "two-workers"
+        pids.add(span.resource["process.pid"])
