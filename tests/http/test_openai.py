@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.conftest import write_project
@@ -318,3 +319,32 @@ def test_the_openapi_document_lists_openai_s_paths(server: Any) -> None:
         "input",
     ]
     assert set(paths["/v1/models/{name}"]) == {"get"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# docs/openai.md's snippets, as written
+
+
+def test_the_docs_page_s_snippets(start_server: Any, tmp_path: Path) -> None:
+    import contextlib
+    import io
+    import shlex
+    import subprocess
+
+    from tests.conftest import REPO
+    from tests.test_readme import blocks
+
+    text = (REPO / "docs" / "openai.md").read_text(encoding="utf-8")
+    (tmp_path / "modelserve.yaml").write_text(blocks(text, "yaml")[0])
+    model, client_code = blocks(text, "python")[:2]
+    (tmp_path / "model.py").write_text(model)
+    served = start_server(tmp_path)
+    served.wait_ready()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(client_code.replace("http://127.0.0.1:8000", served.url), "docs/openai.md", "exec"), {})  # noqa: S102 - our own docs
+    assert out.getvalue().splitlines() == ["hello there", "one two ['echo-chat']"]
+    (curl,) = blocks(text, "sh")
+    command = shlex.split(curl.replace("\\\n", " ").replace("http://127.0.0.1:8000", served.url))
+    answer = subprocess.run(command, capture_output=True, check=True, timeout=30).stdout
+    assert orjson.loads(answer)["choices"][0]["message"]["content"] == "hi"

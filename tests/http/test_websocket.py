@@ -268,3 +268,45 @@ def test_a_connection_holds_its_api_s_slot(server: Any, project: Path) -> None:
 
     assert run(exchange()) == (503, ["last"], 1000)
     assert run(messages(ws_url(server, "/held/ws"), "again", **AUTH))[1] == 1000
+
+
+# ------------------------------------------------------------------------------------------------------------
+# docs/websocket.md's snippets, as written
+
+
+def test_the_docs_page_s_snippets(start_server: Any, tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from tests.conftest import REPO
+    from tests.test_readme import blocks
+
+    text = (REPO / "docs" / "websocket.md").read_text(encoding="utf-8")
+    truss_model, truss_client, api_client = blocks(text, "python")
+    project = write_project(
+        tmp_path / "project",
+        {
+            "config.yaml": "",
+            "model/model.py": truss_model,
+            "words.py": """
+                class Words:
+                    def predict(self, inputs):
+                        yield from inputs.split()
+            """,
+            "modelserve.yaml": """
+                apis:
+                  - name: model
+                    truss: config.yaml
+                  - name: words
+                    handler: {path: words.py, class: Words}
+            """,
+        },
+    )
+    served = start_server(project)
+    served.wait_ready()
+    out = io.StringIO()
+    for code in (truss_client, api_client):
+        code = code.replace("ws://127.0.0.1:8000", ws_url(served, ""))
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "docs/websocket.md", "exec"), {})  # noqa: S102 - our own docs
+    assert out.getvalue().splitlines() == ["hello pong", "one", "two", "three"]
