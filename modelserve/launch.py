@@ -196,6 +196,11 @@ def serve_granian(
     if args.workers > 1 or args.reload:
         raise ValueError("--server granian serves one process: --workers and --reload need --server uvicorn")
     _granian.check_limits(limits)
+    if ssl.get("ssl_keyfile_password") is not None:
+        raise ValueError(
+            "--ssl-keyfile-password-env: granian cannot read an encrypted private key; give it the key decrypted "
+            "(openssl pkey -in KEY -out PLAIN_KEY, then chmod 600 PLAIN_KEY) or serve with --server uvicorn"
+        )
     failures: list[Exception] = []
     stops: list[Any] = []
 
@@ -208,7 +213,14 @@ def serve_granian(
     host = f"[{args.host}]" if ":" in args.host else args.host
     try:
         _granian.serve(
-            app, host=args.host, port=args.port, limits=limits, ssl=ssl, log_config=log_config, on_ready=stops.append
+            app,
+            host=args.host,
+            port=args.port,
+            limits=limits,
+            ssl=ssl,
+            log_config=log_config,
+            graceful_timeout=args.graceful_timeout,
+            on_ready=stops.append,
         )
     except OSError as exc:
         raise OSError(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}") from None

@@ -150,6 +150,14 @@ class EdgeLimits:
         self.app = app
         self.body_timeout = limits.body_timeout
         self.refusals = _Refusals(limits.refusal_pause)
+        #: The tasks of the requests in flight, for `stop_in_flight`.
+        self.in_flight: set[asyncio.Task[Any]] = set()
+
+    def stop_in_flight(self) -> None:
+        """Cancel every request still in flight (the grace period of a shutdown is over): each call ends as
+        under uvicorn, with a JSON 503, and granian can close its connections."""
+        for task in list(self.in_flight):
+            task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -159,18 +167,23 @@ class EdgeLimits:
         if len(dict(headers)) < len(headers) and host_count(headers) > 1:  # a name came twice: Host?
             await more_than_one_host(scope, receive, send)
             return
+        task = asyncio.current_task()
+        if task is not None:
+            self.in_flight.add(task)
         client = scope.get("client")
         refused = self.refusals.at
-        if refused and client in refused:
-            now = time.monotonic()
-            wait = refused.pop(client) + self.refusals.pause - now
-            if wait > 0:
-                scope[ARRIVED] = now
-                await asyncio.sleep(wait)
         request = _Request(receive, send, time.monotonic() + self.body_timeout)
         try:
+            if refused and client in refused:
+                now = time.monotonic()
+                wait = refused.pop(client) + self.refusals.pause - now
+                if wait > 0:
+                    scope[ARRIVED] = now
+                    request.deadline += wait
+                    await asyncio.sleep(wait)
             await self.app(scope, request.receive, request.send)
         finally:
+            self.in_flight.discard(task)
             refused_at = scope.pop(REFUSED, None)
             if refused_at is not None and self.refusals.pause > 0:
                 self.refusals.note(client, refused_at)
@@ -197,13 +210,16 @@ def serve(
     limits: TransportLimits,
     ssl: dict[str, Any],
     log_config: dict[str, Any] | None,
+    graceful_timeout: float = 30.0,
     on_ready: Callable[[Callable[[], None]], None] | None = None,
 ) -> None:
     """Serve `app` with granian on `host`:`port` until SIGINT or SIGTERM, on a new event loop of this thread.
 
-    `ssl` holds modelserve's TLS settings (`modelserve.launch.ssl_settings`). `on_ready` is given, once the
-    loop runs, a function that stops the server from any thread. `OSError` when the address cannot be
-    listened on; `ValueError` when granian cannot hold `limits` (`check_limits`)."""
+    On a signal granian stops accepting and waits for the connections it has; the requests still in flight
+    `graceful_timeout` seconds later are cancelled (a JSON 503 each, as under uvicorn). `ssl` holds
+    modelserve's TLS settings (`modelserve.launch.ssl_settings`). `on_ready` is given, once the loop runs, a
+    function that stops the server from any thread. `OSError` when the address cannot be listened on;
+    `ValueError` when granian cannot hold `limits` (`check_limits`)."""
     from granian.constants import HTTPModes, Interfaces
     from granian.log import LogLevels
     from granian.server.embed import Server
@@ -219,8 +235,9 @@ def serve(
             "ssl_key": Path(ssl["ssl_keyfile"] or ssl["ssl_certfile"]),
             "ssl_key_password": ssl.get("ssl_keyfile_password"),
         }
+    edge = EdgeLimits(app, limits)
     server = Server(
-        EdgeLimits(app, limits),
+        edge,
         address=host,
         port=port,
         interface=Interfaces.ASGI,
@@ -236,15 +253,27 @@ def serve(
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        stopping: list[asyncio.TimerHandle] = []
+        stop_serving: Callable[[], None] = server.stop  # granian's: not annotated
+
+        def stop() -> None:
+            if not stopping:
+                stop_serving()
+                stopping.append(loop.call_later(graceful_timeout, edge.stop_in_flight))
+
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, server.stop)
+            loop.add_signal_handler(signum, stop)
         if on_ready is not None:
 
-            def stop() -> None:
-                loop.call_soon_threadsafe(server.stop)
+            def stop_from_any_thread() -> None:
+                loop.call_soon_threadsafe(stop)
 
-            on_ready(stop)
-        await server.serve()
+            on_ready(stop_from_any_thread)
+        try:
+            await server.serve()
+        finally:
+            for timer in stopping:
+                timer.cancel()
 
     loop: asyncio.AbstractEventLoop
     try:
