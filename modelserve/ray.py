@@ -205,6 +205,7 @@ def plan(args: Mapping[str, Any]) -> Plan:
     result = Plan(project=str(project.root), name=values.get("name", DEFAULT_NAME))
     grace = values.get("graceful_timeout", DEFAULT_GRACE)
     result.settings = {
+        "project_as_given": values["project"],
         "jobs_store": values.get("jobs_store"),
         "api_key_env": values.get("api_key_env"),
         "cors_origins": values.get("cors_origins", []),
@@ -271,7 +272,7 @@ class Replica:
 
         failures: list[LoadError] = []
         self._app = create_app(
-            project,
+            _project_folder(project, settings.get("project_as_given")),
             on_load_error=failures.append,
             jobs_store=settings["jobs_store"],
             workers=settings["workers"],
@@ -328,6 +329,15 @@ async def export_metrics(metrics: Metrics, interval: float) -> None:
                     gauge = gauges[sample.name] = Gauge(sample.name, description=family.documentation, tag_keys=keys)
                 gauge.set(sample.value, tags={**sample.labels, "replica": replica})
         await asyncio.sleep(interval)
+
+
+def _project_folder(resolved: str, as_given: str | None) -> str:
+    """Where a replica finds the project: the folder as the arguments gave it, relative to the replica's working
+    directory, when it is there (a config file's ``runtime_env: working_dir`` unpacks the project on each node,
+    and makes that the replicas' working directory); else the folder the builder found."""
+    if as_given is not None and not os.path.isabs(as_given) and (caller_dir() / as_given).is_dir():
+        return str(caller_dir() / as_given)
+    return resolved
 
 
 def _replica_id() -> str:
