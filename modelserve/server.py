@@ -29,7 +29,7 @@ from modelserve.config import ApiConfig, ProjectConfig
 from modelserve.errors import LoadError
 from modelserve.jobs.service import Jobs
 from modelserve.metrics import Metrics, MetricsClient
-from modelserve.repository import Versions, version_configs
+from modelserve.repository import Repository, Versions, version_configs
 
 logger = logging.getLogger("modelserve")
 
@@ -76,6 +76,8 @@ class ModelServer:
                 self.apis[config.name] = self.versions[config.name].apis[max(versions)]
             else:
                 self.apis[config.name] = self.make_api(config)
+        #: Loading and unloading APIs while serving (`--model-control explicit`).
+        self.repository = Repository(self)
         async_apis = [api for api in self.apis.values() if api.config.kind == "async"]
         #: The jobs service, when the project has async APIs.
         self.jobs = Jobs(project.jobs, project.root, async_apis, self.metrics, workers) if async_apis else None
@@ -101,7 +103,8 @@ class ModelServer:
 
     @property
     def ready(self) -> bool:
-        return all(api.ready for api in self.all_apis())
+        """Every API ready but those unloaded (`--model-control explicit`)."""
+        return all(api.ready for api in self.all_apis() if api.state != "unloaded")
 
     @property
     def started(self) -> bool:
@@ -134,7 +137,8 @@ class ModelServer:
 
     async def _load_all(self) -> None:
         # gather: cancelling loading (close()) cancels every API's load.
-        loaded = await asyncio.gather(*(self._load(api) for api in self.all_apis()))
+        loading = [api for api in self.all_apis() if api.state != "unloaded"]
+        loaded = await asyncio.gather(*(self._load(api) for api in loading))
         if not all(loaded):
             return
         try:
@@ -180,7 +184,8 @@ class ModelServer:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
         for api in self.all_apis():
-            await api.backend.close()
+            if api.state != "unloaded":
+                await api.backend.close()
         await self.metrics.stop()
 
 

@@ -73,6 +73,7 @@ class GrpcServer:
         keys = ApiKeys.from_config(auth, server.project.root) if auth is not None else None
         self.servicer = InferenceServicer(server, keys)
         self.health = HealthServicer()
+        server.repository.on_change.append(self.refresh)
         self._grpc: grpc.aio.Server | None = None
         self._watching: asyncio.Task[None] | None = None
 

@@ -32,7 +32,7 @@ import orjson
 from google.protobuf import json_format
 
 from modelserve.context import RequestContext, current, sane_request_id
-from modelserve.errors import ClientDisconnected, HTTPError, NotFound, PayloadTooLarge
+from modelserve.errors import BadRequest, ClientDisconnected, HTTPError, LoadError, NotFound, PayloadTooLarge
 from modelserve.grpc._proto import grpc_service_pb2 as pb
 from modelserve.grpc._proto import model_config_pb2 as config_pb
 from modelserve.grpc.codec import decode_infer, encode_infer
@@ -250,6 +250,38 @@ class InferenceServicer:
             return json_format.ParseDict(answer, pb.ModelStatisticsResponse())
 
         return await self._answer(context, "ModelStatistics", request.name or None, make)
+
+    # ------------------------------------------------------------------------------------------------
+    # the repository (`modelserve.repository`)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        def make() -> Any:
+            entries = self.server.repository.index(request.ready)
+            return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in entries])
+
+        return await self._answer(context, "RepositoryIndex", None, make)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await self._control(request, context, "load")
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await self._control(request, context, "unload")
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _control(self, request: Any, context: Any, action: str) -> None:
+        name = request.model_name
+        try:
+            self._authorize(context, "RepositoryModel", None)
+            self.server.repository.check_parameters(action, name, request.parameters)
+            if action == "load":
+                await self.server.repository.load(name)
+            else:
+                await self.server.repository.unload(name)
+        except LoadError as exc:
+            await self._abort(context, BadRequest(str(exc)), sane_request_id(None))
+        except HTTPError as exc:
+            await self._abort(context, exc, sane_request_id(None))
 
     # ------------------------------------------------------------------------------------------------
     # inference

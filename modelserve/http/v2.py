@@ -33,6 +33,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from starlette.types import Receive, Scope, Send
 
 from modelserve.api import Api, Stream, log_user_error
@@ -47,7 +48,7 @@ from modelserve.errors import (
     ServiceUnavailable,
     UserCodeError,
 )
-from modelserve.http._asgi import send_json
+from modelserve.http._asgi import read_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.exchange import Exchange, Head, exchange_route, writes_access_line
 from modelserve.http.routing import Route
@@ -137,6 +138,8 @@ class V2Model(Exchange):
         self.versions = versions or (lambda: [version])
         self.call = self._infer
         self._signature: Signature | None = None
+        #: The backend the signature was read from: a repository load switches an API to a new one.
+        self._backend: Any = None
         #: A model file's tensor entry (`ModelFileBackend.tensors`), once loaded: its tensors go straight to
         #: the model, without the hooks, which were written for another payload than the model's tensors.
         self._tensors: Pipeline | None = None
@@ -145,8 +148,9 @@ class V2Model(Exchange):
 
     def signature(self) -> Signature:
         """The API's metadata, once it has loaded (a model file's tensors are known only then)."""
-        if self._signature is None:
-            backend = self.api.backend
+        if self._signature is None or self._backend is not self.api.backend:
+            backend = self._backend = self.api.backend
+            self._tensors = None
             model = getattr(backend, "model", None)
             if model is not None and self.api.backend.kind == "model_file":
                 inputs = tuple(meta for meta in map(meta_of, model.inputs) if meta is not None)
@@ -204,7 +208,9 @@ class V2Model(Exchange):
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> InferRequest:
         """The request, checked against the model's metadata (400s that name the tensor)."""
         header_id, header_length, _ = head[3]
-        signature = self._signature or self.signature()
+        signature = self._signature
+        if signature is None or self._backend is not self.api.backend:
+            signature = self.signature()
         if header_length is None and len(body) <= DECODE_INLINE_MAX:
             fast = signature.fast_request(body)
             if fast is not None:
@@ -458,6 +464,62 @@ def served_versions(server: ModelServer) -> list[tuple[Api, str]]:
     return served
 
 
+class V2Repository:
+    """The repository extension: ``POST /v2/repository/index``, ``POST /v2/repository/models/<m>/load`` and
+    ``/unload`` (`modelserve.repository.Repository`; refused unless ``--model-control explicit``)."""
+
+    def __init__(self, server: ModelServer) -> None:
+        self.repository = server.repository
+
+    async def index(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = sane_request_id(_headers(scope)[0])
+        try:
+            body = await read_body(receive, _SMALL_BODY, None)
+            ready = bool(_json_object(body).get("ready", False))
+        except Exception as exc:
+            await send_error(send, exc, request_id)
+            return
+        await send_json(send, 200, self.repository.index(ready), request_id)
+
+    async def control(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = sane_request_id(_headers(scope)[0])
+        name, _, action = scope["path_params"]["tail"].rpartition("/")
+        try:
+            if action not in ("load", "unload") or not name:
+                raise NotFound(f"no V2 route at {scope['path']}; POST /v2/repository/models/<model>/load or /unload")
+            parameters = _json_object(await read_body(receive, _SMALL_BODY, None)).get("parameters") or {}
+            if not isinstance(parameters, dict):
+                raise BadRequest(f"failed to {action} '{name}': 'parameters' must be a JSON object")
+            self.repository.check_parameters(action, name, parameters)
+            if action == "load":
+                await self.repository.load(name)
+            else:
+                await self.repository.unload(name)
+        except LoadError as exc:
+            await send_error(send, BadRequest(str(exc)), request_id)
+            return
+        except Exception as exc:
+            await send_error(send, exc, request_id)
+            return
+        await send_json(send, 200, {}, request_id)
+
+
+#: The largest body of a repository request (a JSON object of parameters).
+_SMALL_BODY = 64 * 1024
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"the request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def routes(server: ModelServer) -> list[Route]:
     """The V2 routes of a server: its own, then each realtime API's, with and without ``/versions/1``.
 
@@ -491,5 +553,8 @@ def routes(server: ModelServer) -> list[Route]:
                 Route(f"{base}/infer", {"POST": model.infer}),
                 Route(f"{base}/stats", {"GET": model.stats}),
             ]
+    repository = V2Repository(server)
+    table.append(Route("/v2/repository/index", {"POST": repository.index}))
+    table.append(Route("/v2/repository/models/{tail:path}", {"POST": repository.control}))
     table.append(Route("/v2/models/{rest:path}", {"GET": own.unknown, "POST": own.unknown}))
     return table

@@ -57,15 +57,25 @@ class Slow:
 @contextlib.contextmanager
 def grpc_served(root: Path) -> Iterator[str]:
     """A real uvicorn server on a free port with the gRPC server attached; yields the gRPC address."""
+    with served(root) as (_, address):
+        yield address
+
+
+@contextlib.contextmanager
+def served(root: Path, load: list[str] | None = None) -> Iterator[tuple[str, str]]:
+    """A real uvicorn server with the gRPC server attached, with model control explicit when `load` is given
+    (the APIs it names load at start); yields (HTTP URL, gRPC address) once the server is ready."""
     import uvicorn
 
     import modelserve
     from modelserve.grpc import attach
 
     app = modelserve.create_app(str(root))
-    port = free_port()
+    if load is not None:
+        app.server.repository.explicit(load)
+    port, http_port = free_port(), free_port()
     attach(app.server, "127.0.0.1", port)
-    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on")
     with serve_in_thread(config):
         address = f"127.0.0.1:{port}"
         client = grpcclient.InferenceServerClient(address)
@@ -74,7 +84,7 @@ def grpc_served(root: Path) -> Iterator[str]:
             assert time.monotonic() < deadline, "the gRPC server was not ready"
             time.sleep(0.05)
         client.close()
-        yield address
+        yield f"http://127.0.0.1:{http_port}", address
 
 
 def _ready(client: Any) -> bool:

@@ -106,3 +106,81 @@ def test_a_versioned_path_without_versions_is_refused(tmp_path: Path) -> None:
     assert "api 'a'" in message and "selects none of the versions [1, 2, 3]" in message
     assert "api 'b'" in message and "is not a folder of numbered versions" in message
     assert "api 'c'" in message and "{latest: N} (N >= 1)" in message
+
+
+# ------------------------------------------------------------------------------------------------
+# the repository: loading and unloading while serving (model control explicit)
+
+
+@pytest.fixture
+def explicit(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    from tests.grpc.test_grpc import served
+
+    root = versioned_project(tmp_path)
+    with served(root, load=["every", "latest"]) as (url, _):
+        yield url, root
+
+
+def client_of(url: str) -> Any:
+    return httpclient.InferenceServerClient(url.removeprefix("http://"))
+
+
+def test_load_and_unload_are_refused_unless_explicit(server: Any) -> None:
+    client = client_of(server.url)
+    with pytest.raises(InferenceServerException) as error:
+        client.load_model("latest")
+    assert "failed to load 'latest'" in error.value.message() and "--model-control explicit" in error.value.message()
+    assert client.is_model_ready("latest")
+
+
+def test_an_unloaded_model_loads_on_request(explicit: tuple[str, Path]) -> None:
+    url, _ = explicit
+    client = client_of(url)
+    index = {(entry["name"], entry["version"]): entry["state"] for entry in client.get_model_repository_index()}
+    assert index == {
+        ("every", "1"): "READY",
+        ("every", "2"): "READY",
+        ("every", "3"): "READY",
+        ("latest", "3"): "READY",
+        ("chosen", "1"): "UNAVAILABLE",
+        ("chosen", "3"): "UNAVAILABLE",
+    }
+    assert httpx.get(f"{url}/readyz").status_code == 200  # what was not asked for is not waited for
+    assert not client.is_model_ready("chosen")
+    client.load_model("chosen")
+    assert client.is_model_ready("chosen") and infer_url(url, "chosen", "1") == 11.0
+    client.unload_model("chosen")
+    assert not client.is_model_ready("chosen")
+    assert httpx.post(f"{url}/v2/repository/index", json={"ready": True}).json()[-1]["name"] == "latest"
+
+
+def test_a_load_picks_up_a_new_version_and_retires_the_old(explicit: tuple[str, Path]) -> None:
+    url, root = explicit
+    client = client_of(url)
+    plus_onnx(root / "models" / "plus" / "4" / "model.onnx", 4.0)
+    assert infer_url(url, "latest") == 13.0
+    client.load_model("latest")
+    assert infer_url(url, "latest") == 14.0
+    assert client.get_model_metadata("latest")["versions"] == ["4"]
+    assert httpx.get(f"{url}/v2/models/latest/versions/3/ready").status_code == 404
+    client.load_model("every")
+    assert client.get_model_metadata("every")["versions"] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "words"),
+    [
+        ("nothing", {}, "failed to load 'nothing', failed to poll from model repository"),
+        ("latest", {"parameters": {"config": "{}"}}, "failed to load 'latest': modelserve takes no 'config' parameter"),
+    ],
+)
+def test_a_load_that_cannot_be_done_says_why(explicit: tuple[str, Path], name: str, body: Any, words: str) -> None:
+    url, _ = explicit
+    answer = httpx.post(f"{url}/v2/repository/models/{name}/load", json=body)
+    assert answer.status_code == 400 and words in answer.json()["error"]
+
+
+def infer_url(url: str, name: str, version: str = "") -> float:
+    client = client_of(url)
+    x = httpclient.InferInput("x", [1], "FP32").set_data_from_numpy(np.array([10], np.float32))
+    return float(client.infer(name, [x], model_version=version).as_numpy("y")[0])
