@@ -140,6 +140,7 @@ def openai_errors(send: Send) -> Send:
             await send(start)
         await send(message)
 
+    send_openai.raw = send  # type: ignore[attr-defined]
     return send_openai
 
 
@@ -345,6 +346,10 @@ class Envelope:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
         self.object = "chat.completion" if self.chat else "text_completion"
         self.created = int(time.time())
+        # A content event is its constant head, the text as a JSON string, and its constant tail: one small
+        # orjson call per token instead of a dict and a whole dumps (a fifth of a token's cost on the server).
+        head, _, tail = self.event("\x00", None).partition(orjson.dumps("\x00"))
+        self._head, self._tail = head, tail
 
     def whole(self, text: str, finish: str | None, usage: dict[str, int] | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish or "stop", "logprobs": None}
@@ -370,6 +375,10 @@ class Envelope:
         return self._sse(
             {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
         )
+
+    def content(self, text: str) -> bytes:
+        """The event of one chunk of text (the same bytes as ``event(text, None)``)."""
+        return self._head + orjson.dumps(text) + self._tail
 
     def usage_event(self, usage: dict[str, int]) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -490,6 +499,8 @@ def _stream_failed(stream: Stream, exc: Exception) -> UserCodeError:
 
 async def _next_piece(stream: Stream) -> tuple[str, str | None, dict[str, int] | None] | None:
     chunk = await stream.next()
+    if type(chunk) is str:  # the usual chunk
+        return chunk, None, None
     if chunk is Stream.END:
         return None
     try:
@@ -535,17 +546,23 @@ async def _send_stream(
         first = await _next_piece(stream)
         await send({"type": "http.response.start", "status": 200, "headers": _headers(SSE_TYPE, request_id)})
         started = True
-        await send({"type": "http.response.body", "body": envelope.event(None, None, role=True), "more_body": True})
+        send = getattr(send, "raw", send)  # the answer has begun: no error body to reshape any more
+        opening = envelope.event(None, None, role=True)
         finish, usage = None, None
         found = first
+        content = envelope.content
         while found is not None:
             text, finish_here, usage_here = found
-            finish, usage = finish_here or finish, usage_here or usage
+            if finish_here is not None or usage_here is not None:
+                finish, usage = finish_here or finish, usage_here or usage
             if text:
-                await send({"type": "http.response.body", "body": envelope.event(text, None), "more_body": True})
+                body = content(text)
+                if opening:  # the role's event goes with the first text
+                    body, opening = opening + body, b""
+                await send({"type": "http.response.body", "body": body, "more_body": True})
             found = await _next_piece(stream)
         stream.watch.disarm()
-        tail = envelope.event(None, finish or "stop")
+        tail = opening + envelope.event(None, finish or "stop")
         if request.include_usage and usage is not None:
             tail += envelope.usage_event(usage)
         await send({"type": "http.response.body", "body": tail + DONE, "more_body": False})
