@@ -21,10 +21,12 @@ Nothing here imports user code: the recipe is read from the project's configurat
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,7 +192,7 @@ def dockerfile(
             "RUN apt-get update && apt-get install -y --no-install-recommends "
             f"{packages} && rm -rf /var/lib/apt/lists/*"
         )
-    lines.append(f"RUN useradd --create-home --uid {UID} --user-group {USER}")
+    lines.append(f"RUN groupadd --gid {UID} {USER} && useradd --create-home --uid {UID} --gid {UID} {USER}")
     install = ["python", "-m", "pip", "install", package]
     copies = []
     if wheel:
@@ -201,13 +203,12 @@ def dockerfile(
         install += ["-r", target]
     install += needs.requirements
     lines += [*copies, f"RUN {json.dumps(install)}"]
-    lines.append(f"COPY --chown={USER}:{USER} . {PROJECT_DIR}")
-    lines += [f"RUN {json.dumps(['bash', f'{PROJECT_DIR}/{script}'])}" for script in needs.scripts]
+    lines += [f"COPY --chown={USER}:{USER} . {PROJECT_DIR}", f"WORKDIR {PROJECT_DIR}"]
+    lines += [f"RUN {json.dumps(['bash', script])}" for script in needs.scripts]  # as root, in the project
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/healthz', timeout=3)"
     command = ["python", "-m", "modelserve", PROJECT_DIR, "--host", "0.0.0.0", "--port", str(port)]
     lines += [
-        f"WORKDIR {PROJECT_DIR}",
-        f"USER {UID}:{UID}",
+        f"USER {UID}:{UID}",  # numeric: Kubernetes' runAsNonRoot can check it
         f"EXPOSE {port}",
         "HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 "
         f"CMD {json.dumps(['python', '-c', probe])}",
@@ -300,3 +301,56 @@ def build(project_dir: str | Path, tag: str, *, build_args: Sequence[str] = (), 
     if not (root / "Dockerfile").exists():
         write(root, **options)
     return subprocess.run(build_command(root, tag, tool, build_args), check=False).returncode
+
+
+#: The command line's subcommands that this module runs (`run_command`).
+COMMANDS = ("dockerfile", "build")
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``modelserve dockerfile`` or ``modelserve build``."""
+    about = {
+        "dockerfile": "Write a Dockerfile and .dockerignore into a project folder.",
+        "build": "Build a project's container image with docker, podman or buildah.",
+    }
+    parser = argparse.ArgumentParser(prog=f"modelserve {name}", description=about[name])
+    parser.add_argument("project_dir", metavar="PROJECT", help="the project folder (the build context)")
+    if name == "build":
+        parser.add_argument("-t", "--tag", required=True, help="the image's name and tag (iris:1)")
+        parser.add_argument(
+            "--build-arg", action="append", default=[], metavar="NAME=VALUE", help="passed to the build; repeatable"
+        )
+    parser.add_argument("--base-image", default=None, help=f"the image to start from (default: {DEFAULT_BASE_IMAGE})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the port served (default: {DEFAULT_PORT})")
+    parser.add_argument(
+        "--modelserve",
+        default=None,
+        metavar="REQUIREMENT_OR_WHEEL",
+        help=f"what pip installs modelserve from (default: modelserve=={__version__}; a wheel in the project folder)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing Dockerfile and .dockerignore")
+    if name == "dockerfile":
+        parser.add_argument("--stdout", action="store_true", help="print the Dockerfile instead of writing files")
+    return parser
+
+
+def run_command(argv: Sequence[str]) -> int:
+    """``modelserve dockerfile ...`` or ``modelserve build ...`` (`argv` starts with the subcommand's name).
+
+    Returns 0, or the container tool's exit code; a mistake raises `ConfigError` (the CLI's exit code 2) and
+    bad usage argparse's ``SystemExit(2)``."""
+    name, *rest = argv
+    args = command_parser(name).parse_args(rest)
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port: expected a port from 1 to 65535, got {args.port}")
+    options: dict[str, Any] = {"base_image": args.base_image, "port": args.port, "modelserve": args.modelserve}
+    if name == "dockerfile" and args.stdout:
+        sys.stdout.write(dockerfile(args.project_dir, **options))
+        return 0
+    if name == "dockerfile":
+        for path in write(args.project_dir, force=args.force, **options):
+            print(f"wrote {path}")
+        return 0
+    if args.force:
+        write(args.project_dir, force=True, **options)
+    return build(args.project_dir, args.tag, build_args=args.build_arg, **options)

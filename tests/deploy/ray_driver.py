@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
+import tempfile
 import time
 
 import httpx
@@ -28,7 +30,9 @@ def main() -> None:
     project, args, requests = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     started = time.monotonic()
     phases: dict[str, float] = {}
+    temp_dir = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths under it must fit in 107 bytes
     ray.init(
+        _temp_dir=temp_dir,
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
@@ -71,6 +75,7 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
     finally:
         ray.shutdown()  # the replicas and the proxy with it (and whatever is left, with the namespace)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def exported_replicas(client: httpx.Client) -> list[str]:

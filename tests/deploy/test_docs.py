@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,18 @@ def test_the_examples_extras_are_the_ones_listed() -> None:
     assert sorted(listed) == examples
     for name, extras in listed.items():
         assert container.recipe(load_project_config(Path(REPO / "examples" / name))).extras == extras
+
+
+def test_the_container_commands_run_as_written(tmp_path: Path) -> None:
+    (block,) = [block for block in blocks(CONTAINERS_PAGE, "bash") if "modelserve dockerfile" in block]
+    dockerfile_line, build_line = command_lines(block)
+    words = shlex.split(dockerfile_line)
+    assert words[:2] == ["modelserve", "dockerfile"]
+    copy = tmp_path / "project"
+    shutil.copytree(REPO / words[2], copy)
+    assert container.run_command(["dockerfile", str(copy)]) == 0  # what `modelserve dockerfile` runs
+    assert (copy / "Dockerfile").is_file() and (copy / ".dockerignore").is_file()
+    words = shlex.split(build_line)
+    assert words[:2] == ["modelserve", "build"]
+    options = container.command_parser("build").parse_args(words[2:])
+    assert (options.project_dir, options.tag) == (dockerfile_line.split()[2], "iris:1")
