@@ -32,6 +32,9 @@ PROJECT = {
             handler: {path: model.py, class: Held}
             max_concurrency: 1
             max_queue_length: 0
+          - name: idle
+            handler: {path: model.py, class: Words}
+            max_queue_length: 20
     """,
     "model.py": """
         import asyncio
@@ -310,3 +313,36 @@ def test_the_docs_page_s_snippets(start_server: Any, tmp_path: Path) -> None:
         with contextlib.redirect_stdout(out):
             exec(compile(code, "docs/websocket.md", "exec"), {})  # noqa: S102 - our own docs
     assert out.getvalue().splitlines() == ["hello pong", "one", "two", "three"]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_200_idle_sockets_are_bounded_by_the_line_and_give_their_places_back(server: Any) -> None:
+    """Idle connections wait in the API's line (1 + max_queue_length of them), the rest are refused with a 503;
+    closed, they give their places back; the server answers meanwhile and its memory stays flat."""
+    before = rss_kib(server.process.pid)
+
+    async def flood() -> tuple[int, int, int]:
+        sockets, refused = [], 0
+        for _ in range(200):
+            try:
+                sockets.append(await websockets.connect(ws_url(server, "/idle/ws"), **AUTH))
+            except InvalidStatus as exc:
+                assert exc.response.status_code == 503
+                refused += 1
+        async with httpx.AsyncClient() as client:
+            probe = (await client.get(server.url + "/healthz")).status_code
+        for socket in sockets:
+            await socket.close()
+        return len(sockets), refused, probe
+
+    assert run(flood()) == (21, 179, 200)
+    # their places are back: a full line's worth of calls goes through again
+    for _ in range(3):
+        assert run(messages(ws_url(server, "/idle/ws"), "still here", **AUTH))[:2] == (["still", "here"], 1000)
+    assert rss_kib(server.process.pid) - before < 32 * 1024
