@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -47,6 +48,7 @@ from modelserve.errors import (
 from modelserve.http._asgi import request_headers
 from modelserve.http.errors import render, send_error
 from modelserve.http.routing import Route, RouteTable, route_path
+from modelserve.logs import access_writer
 
 if TYPE_CHECKING:
     from modelserve.http.guard import Guard
@@ -184,6 +186,15 @@ class _Endpoint:
 
     def __init__(self, api: Api) -> None:
         self.api = api
+        self.access_log = access_writer()
+
+    def answered(self, scope: Scope, status: int, started: float, request_id: str) -> None:
+        """The connection's metrics and access line, when it ends: 101 (the handshake's status) for a session
+        that ended as it should, 499 when the client left in the middle of a call, else the error's status."""
+        seconds = time.perf_counter() - started
+        self.api.metrics.answered(status, seconds)
+        if self.access_log is not None:
+            self.access_log({**scope, "method": "GET"}, status, seconds, request_id, self.api.name)
 
     async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A plain HTTP GET: this route speaks WebSocket only."""
@@ -191,17 +202,16 @@ class _Endpoint:
         error.headers["upgrade"] = "websocket"
         await send_error(send, error, request_headers(scope)[0])
 
-    async def _run(self, websocket: WebSocket, value: Any, ctx: RequestContext, **call: Any) -> Any:
-        """One call of the API, admitted already; a failure closes the connection with its code."""
+    async def _run(self, websocket: WebSocket, value: Any, ctx: RequestContext, **call: Any) -> tuple[Any, int]:
+        """One call of the API, admitted already: (its result, 101), or (`_FAILED`, the status it ended with)
+        once a failure has closed the connection with its code."""
         try:
-            return await self.api.call(value, ctx, admitted=0, **call)
-        except ClientDisconnected:
+            return await self.api.call(value, ctx, admitted=0, **call), SWITCHED
+        except ClientDisconnected as exc:
             logger.info("api '%s': the client closed the WebSocket (request %s)", self.api.name, ctx.request_id)
+            return _FAILED, exc.status_code
         except Exception as exc:
-            if not isinstance(exc, (UserCodeError, GatewayTimeout)):
-                render(exc, ctx.request_id)  # logs what is not an HTTP error, once
-            await _close(websocket, *_close_code(exc))
-        return _FAILED
+            return _FAILED, await _failed(websocket, exc, ctx.request_id)
 
     async def _admitted(self, scope: Scope, send: Send, request_id: str) -> bool:
         try:
@@ -213,6 +223,15 @@ class _Endpoint:
 
 
 _FAILED = object()
+#: The status a WebSocket session is counted with when it ended as it should (its handshake's).
+SWITCHED = 101
+
+
+async def _failed(websocket: WebSocket, exc: Exception, request_id: str) -> int:
+    """Close the connection with the code of `exc`; its status (a failure not yet logged is logged here)."""
+    status = render(exc, request_id)[0] if not isinstance(exc, (UserCodeError, GatewayTimeout)) else exc.status_code
+    await _close(websocket, *_close_code(exc))
+    return status
 
 
 class TrussWebSocket(_Endpoint):
@@ -228,11 +247,15 @@ class TrussWebSocket(_Endpoint):
             return
         if not await self._admitted(scope, send, request_id):
             return
+        started = time.perf_counter()
         await websocket.accept(_key_protocol(scope))
         ctx = RequestContext(self.api.name, request_id)
         entry = self.api.backend.entries["websocket"]  # type: ignore[attr-defined]
-        if await self._run(websocket, websocket, ctx, pipeline=entry) is not _FAILED:
+        result, status = await self._run(websocket, websocket, ctx, pipeline=entry)
+        if result is not _FAILED or status == ClientDisconnected.status_code:  # a client's close ends a session
             await _close(websocket, NORMAL)
+            status = SWITCHED
+        self.answered(scope, status, started, request_id)
 
 
 class ApiWebSocket(_Endpoint):
@@ -242,6 +265,7 @@ class ApiWebSocket(_Endpoint):
         websocket = WebSocket(scope, receive, send)
         if not await self._admitted(scope, send, request_id):
             return
+        started = time.perf_counter()
         await websocket.accept(_key_protocol(scope))
         ctx = RequestContext(self.api.name, request_id)
         try:
@@ -264,9 +288,13 @@ class ApiWebSocket(_Endpoint):
                 value = text
         else:
             value = message.get("bytes", b"")
-        result = await self._run(websocket, value, ctx, cancelled=_Closed(websocket))
-        if result is _FAILED:
-            return
+        result, status = await self._run(websocket, value, ctx, cancelled=_Closed(websocket))
+        if result is not _FAILED:
+            status = await self._answer(websocket, result, request_id)
+        self.answered(scope, status, started, request_id)
+
+    async def _answer(self, websocket: WebSocket, result: Any, request_id: str) -> int:
+        """Send the result (each chunk of a stream), then close with 1000; the status the session ends with."""
         try:
             if isinstance(result, Stream):
                 try:
@@ -279,13 +307,11 @@ class ApiWebSocket(_Endpoint):
                 await _send_chunk(websocket, result)
         except (WebSocketDisconnect, ClientDisconnected):
             logger.info("api '%s': the client closed the WebSocket (request %s)", self.api.name, request_id)
-            return
+            return ClientDisconnected.status_code
         except Exception as exc:
-            if not isinstance(exc, UserCodeError):
-                render(exc, request_id)
-            await _close(websocket, *_close_code(exc))
-            return
+            return await _failed(websocket, exc, request_id)
         await _close(websocket, NORMAL)
+        return SWITCHED
 
 
 class _Closed:

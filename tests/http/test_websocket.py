@@ -346,3 +346,15 @@ def test_200_idle_sockets_are_bounded_by_the_line_and_give_their_places_back(ser
     for _ in range(3):
         assert run(messages(ws_url(server, "/idle/ws"), "still here", **AUTH))[:2] == (["still", "here"], 1000)
     assert rss_kib(server.process.pid) - before < 32 * 1024
+
+
+def test_sessions_are_counted_in_the_api_s_metrics(server: Any) -> None:
+    def counted(code: str) -> float:
+        prefix = f'modelserve_requests_total{{api="words",code="{code}"}} '
+        text = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}).text
+        return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+    ended, failed = counted("101"), counted("500")
+    run(messages(ws_url(server, "/words/ws"), "a b", **AUTH))
+    run(messages(ws_url(server, "/words/ws"), '"fail"', **AUTH))
+    assert (counted("101"), counted("500")) == (ended + 1, failed + 1)
