@@ -195,7 +195,7 @@ class Tracing:
         (an API's call, a job's route) in its server span."""
         for route in table:
             route.handlers = {
-                method: _TracedRoute(handler, self, method, route.path)
+                method: _TracedRoute(handler, self, route.path)
                 if getattr(handler, "writes_access_line", False)
                 else handler
                 for method, handler in route.handlers.items()
@@ -209,10 +209,8 @@ class Tracing:
             span = trace.get_current_span()
             span.set_attribute("modelserve.request_id", ctx.request_id)
             traced = _traced.get()
-            if traced is None:  # a call no route or job of ours traced (another transport): its own state
-                traced = _Traced(span)
-                _traced.set(traced)
-            traced.called, traced.staged = time.time_ns(), False
+            if traced is not None:  # else a call that no route or job of ours traces (gRPC): no spans of ours
+                traced.called, traced.staged = time.time_ns(), False
             try:
                 result = await call(value, ctx, **options)
             except UserCodeError as exc:
@@ -223,6 +221,8 @@ class Tracing:
                 raise
             from modelserve.api import Stream
 
+            if traced is None:
+                return result
             if isinstance(result, Stream):
                 _trace_stream(tracer, result)
             else:
@@ -236,10 +236,12 @@ class Tracing:
             timer(name, seconds)
             if name == "job":  # a job's whole run, which its own span already covers
                 return
+            traced = _traced.get()
+            if traced is None:  # a stage of a call that nothing of ours traces
+                return
             end = time.time_ns()
             start = end - int(seconds * 1e9)
-            traced = _traced.get()
-            if traced is not None and not traced.staged:
+            if not traced.staged:
                 traced.staged = True
                 if traced.called and start > traced.called:
                     tracer.start_span("modelserve.queue", start_time=traced.called).end(end_time=start)
@@ -269,22 +271,32 @@ class Tracing:
         if batcher.sync_call is None:
 
             async def run_async(items: list[Any]) -> Any:
-                with trace.use_span(start(), end_on_exit=True, record_exception=False) as span:
-                    try:
-                        return await call(items)
-                    except BaseException as exc:
-                        _record_error(span, exc)
-                        raise
+                span = start()
+                token = _traced.set(_Traced(span))  # the batch's own: not the request that happened to dispatch it
+                try:
+                    with trace.use_span(span, end_on_exit=True, record_exception=False):
+                        try:
+                            return await call(items)
+                        except BaseException as exc:
+                            _record_error(span, exc)
+                            raise
+                finally:
+                    _traced.reset(token)
 
             return run_async
 
         def run(items: list[Any]) -> Any:
-            with trace.use_span(start(), end_on_exit=True, record_exception=False) as span:
-                try:
-                    return call(items)
-                except BaseException as exc:
-                    _record_error(span, exc)
-                    raise
+            span = start()
+            token = _traced.set(_Traced(span))
+            try:
+                with trace.use_span(span, end_on_exit=True, record_exception=False):
+                    try:
+                        return call(items)
+                    except BaseException as exc:
+                        _record_error(span, exc)
+                        raise
+            finally:
+                _traced.reset(token)
 
         return run
 
@@ -446,13 +458,11 @@ class _TracedRoute:
     writes_access_line = True
 
     def __init__(
-        self, handler: Callable[[Scope, Receive, Send], Awaitable[None]], tracing: Tracing, method: str, route: str
+        self, handler: Callable[[Scope, Receive, Send], Awaitable[None]], tracing: Tracing, route: str
     ) -> None:
         self.handler = handler
         self.tracer = tracing.tracer
-        self.method = method
         self.route = route
-        self.name = f"{method} {route}"
         endpoint = getattr(handler, "__self__", None)
         api = getattr(endpoint, "api", None)
         self.api: Api | None = api
@@ -472,8 +482,12 @@ class _TracedRoute:
             if key in _PROPAGATED:
                 carrier[key.decode("latin-1")] = value.decode("latin-1")
         started = time.perf_counter()
+        method = scope["method"]  # HEAD too, on a GET route
         span = self.tracer.start_span(
-            self.name, context=propagate.extract(carrier), kind=SpanKind.SERVER, attributes=self._attributes(scope)
+            f"{method} {self.route}",
+            context=propagate.extract(carrier),
+            kind=SpanKind.SERVER,
+            attributes=self._attributes(scope, method),
         )
         traced = _Traced(span)
         token = otel_context.attach(trace.set_span_in_context(span))
@@ -518,9 +532,9 @@ class _TracedRoute:
                     self.latency, time.perf_counter() - started, format(span.get_span_context().trace_id, "032x")
                 )
 
-    def _attributes(self, scope: Scope) -> dict[str, Any]:
+    def _attributes(self, scope: Scope, method: str) -> dict[str, Any]:
         attributes: dict[str, Any] = {
-            "http.request.method": self.method,
+            "http.request.method": method,
             "http.route": self.route,
             "url.path": scope["path"],
             "url.scheme": scope.get("scheme", "http"),
