@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import click  # uvicorn's dependency; `serve run` is a click command
+
 from modelserve.config import load_project_config
 from modelserve.errors import ConfigError, LoadError, MissingExtraError
 from modelserve.jobs import store_kind
@@ -152,6 +154,15 @@ _DEPLOYMENT_KEYS = (
 )
 
 
+class ArgumentsError(ConfigError, click.ClickException):
+    """A `ConfigError` of `app`: ``serve run`` (a click command) prints its message on one line, where any other
+    exception would be a traceback."""
+
+    def __init__(self, message: str) -> None:
+        ConfigError.__init__(self, message)
+        click.ClickException.__init__(self, message)
+
+
 @dataclass
 class Plan:
     """What `app` deploys: the project folder, the settings every replica's app gets, and Ray's options."""
@@ -244,7 +255,10 @@ def app(args: Mapping[str, Any]) -> Any:
 
     Raises `ConfigError` for a mistake in the arguments or the project, `MissingExtraError` without Ray Serve.
     """
-    deployment_plan = plan(args)
+    try:
+        deployment_plan = plan(args)
+    except ConfigError as exc:
+        raise ArgumentsError(str(exc)) from None
     serve = _serve()
     ingress = serve.ingress()(Replica)
     deployment = serve.deployment(ingress, name=deployment_plan.name, **deployment_plan.options)

@@ -252,3 +252,14 @@ async def test_a_replica_takes_traffic_once_loaded_and_fails_with_the_load_error
     bad = write_project(tmp_path / "bad", {"model.py": FAILING})
     with pytest.raises(LoadError, match="failed to load in this replica: .*weights.bin is missing"):
         await Replica.__init__(Replica.__new__(Replica), str(bad), settings())
+
+
+def test_serve_run_prints_a_mistake_on_one_line(tmp_path: Path) -> None:
+    """``serve run`` calls the builder before it starts Ray: a mistake is its one-line error, no traceback."""
+    pytest.importorskip("ray.serve", reason='Ray Serve is the "ray" extra (the dev extra installs it)')
+    serve = Path(sys.executable).with_name("serve")
+    command = [str(serve), "run", "modelserve.ray:app", f"project={tmp_path / 'nowhere'}", "num_replica=2"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode != 0
+    assert "Error: modelserve.ray: unknown argument 'num_replica'" in run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
