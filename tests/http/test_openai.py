@@ -57,6 +57,8 @@ PROJECT = {
                     raise RuntimeError("the model failed")
                 if text == "forever":
                     return self.forever()
+                if text == "flood":
+                    return self.flood()
                 if text == "not text":
                     return 42
                 if inputs.get("stream") or text.startswith("gen"):
@@ -75,6 +77,15 @@ PROJECT = {
                         await asyncio.sleep(0.01)
                 finally:
                     Path(__file__).with_name("closed.txt").write_text("closed")
+
+
+            async def flood(self):
+                try:
+                    while True:
+                        yield "x" * 65536
+                        await asyncio.sleep(0)
+                finally:
+                    Path(__file__).with_name("flood-closed.txt").write_text("closed")
 
 
         class Shout:
@@ -348,3 +359,36 @@ def test_the_docs_page_s_snippets(start_server: Any, tmp_path: Path) -> None:
     command = shlex.split(curl.replace("\\\n", " ").replace("http://127.0.0.1:8000", served.url))
     answer = subprocess.run(command, capture_output=True, check=True, timeout=30).stdout
     assert orjson.loads(answer)["choices"][0]["message"]["content"] == "hi"
+
+
+def test_a_client_that_never_reads_holds_the_stream_back_not_the_server(server: Any, project: Path) -> None:
+    """A stream to a client that reads nothing waits on the transport (memory flat, the server answering), and
+    its generator is closed once the client goes."""
+    import socket
+
+    marker = project / "flood-closed.txt"
+    marker.unlink(missing_ok=True)
+    pid = server.process.pid
+    before = rss_kib(pid)
+    body = orjson.dumps({"model": "chat", "messages": user("flood"), "stream": True})
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(request)
+        for _ in range(20):  # the server answers others while the stream waits for this client
+            assert httpx.get(server.url + "/healthz").status_code == 200
+        assert rss_kib(pid) - before < 64 * 1024
+    deadline = time.monotonic() + 10
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the generator was not closed after the client left"
+        time.sleep(0.02)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
