@@ -1,9 +1,9 @@
 """The granian edge (``--server granian``): the same app served by granian, a Rust HTTP server, in one process.
 
 granian parses HTTP and writes answers in Rust threads (hyper), so a request's HTTP work leaves the Python
-thread; the app, the batcher and the model run as under uvicorn. `serve` runs granian's embedded server on
-this process's event loop, with the app the command made. Every `TransportLimits` of modelserve is kept,
-mapped to a setting of granian or enforced in front of the app (`EdgeLimits`):
+thread; the app, the batcher and the model run as under uvicorn. `serve` runs granian's embedded server on an
+event loop of this process (uvloop when installed), with the app the command made. Every `TransportLimits`
+of modelserve is kept, mapped to a setting of granian or enforced in front of the app (`EdgeLimits`):
 
 - ``max_header_size``: hyper's read buffer (``HTTP1Settings.max_buffer_size``), which bounds the request line
   and headers: larger, hyper answers 431 and closes the connection. hyper's buffer is at least 8 KiB, so a
@@ -18,10 +18,13 @@ mapped to a setting of granian or enforced in front of the app (`EdgeLimits`):
   in the line counted from when it came (`ARRIVED`). The request was parsed already (in Rust, off the event
   loop), so the pause keeps the loop's turns for the calls in flight as it does under uvicorn;
 - two ``Host`` headers: answered by `modelserve.http.guard.more_than_one_host` in front of the app;
-- the lingering close of a refused upload: hyper's own (it reads and drops what a client still sends after an
-  answer that closes the connection, then closes);
+- the lingering close of a refused upload: hyper's own way of closing after an answer given before the body
+  was read lets the client read its 413 or 503 (tests/http/test_edge_granian.py);
 - a lost connection: told through ``receive()`` (a task waits on it for each call that outlasts
-  `modelserve.watch.WATCH_AFTER`), as with uvicorn's own protocol.
+  `modelserve.watch.WATCH_AFTER`), as with uvicorn's own protocol;
+- the grace period of a shutdown: granian waits for its connections for ever, so the requests still in
+  flight ``--graceful-timeout`` seconds after the signal are cancelled (`EdgeLimits.stop_in_flight`), each
+  answered a JSON 503 as under uvicorn.
 
     serve(app, host="127.0.0.1", port=8888, limits=TransportLimits(), ssl={}, log_config=None)
 """
@@ -111,35 +114,69 @@ class _Refusals:
 
 
 class _Request:
-    """One request's ``receive`` with the body deadline, and its ``send`` noting whether the answer started."""
+    """One request's ``receive`` with the body deadline, and its ``send`` noting whether the answer started.
 
-    __slots__ = ("_receive", "_send", "deadline", "expired", "reading", "started")
+    The deadline is one timer, armed at the first ``receive`` and cancelled once the body is whole (usually that
+    same first message): when it fires while the request waits on ``receive``, it cancels the request's task
+    and that wait ends as ``http.disconnect``. (``asyncio.wait_for`` on each receive made a task per request.)"""
+
+    __slots__ = ("_receive", "_send", "_task", "_timer", "_waiting", "deadline", "expired", "reading", "started")
 
     def __init__(self, receive: Receive, send: Send, deadline: float) -> None:
         self._receive = receive
         self._send = send
+        #: When the body must be whole, in `time.monotonic` seconds.
         self.deadline = deadline
         self.reading = True
         self.expired = False
         self.started = False
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiting = False
 
     async def receive(self) -> Message:
         if not self.reading:
             return await self._receive()
-        try:
-            message = await asyncio.wait_for(self._receive(), self.deadline - time.monotonic())
-        except asyncio.TimeoutError:
+        if self.expired:
             self.reading = False
-            self.expired = True
             return {"type": "http.disconnect"}
-        if message["type"] != "http.request" or not message.get("more_body", False):
+        if self._timer is None:
+            self._task = asyncio.current_task()
+            self._timer = asyncio.get_running_loop().call_later(self.deadline - time.monotonic(), self._expire)
+        self._waiting = True
+        try:
+            message = await self._receive()
+        except asyncio.CancelledError:
+            if not self.expired:
+                raise
+            uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+: the cancel was ours, undo its count
+            if uncancel is not None:
+                uncancel()
             self.reading = False
+            return {"type": "http.disconnect"}
+        finally:
+            self._waiting = False
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.close()
         return message
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.started = True
         await self._send(message)
+
+    def close(self) -> None:
+        """The body is whole, or the request over: no deadline any more."""
+        self.reading = False
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self) -> None:
+        if not self.reading:
+            return
+        self.expired = True
+        if self._waiting and self._task is not None:
+            self._task.cancel()
 
 
 class EdgeLimits:
@@ -183,6 +220,7 @@ class EdgeLimits:
                     await asyncio.sleep(wait)
             await self.app(scope, request.receive, request.send)
         finally:
+            request.close()
             self.in_flight.discard(task)
             refused_at = scope.pop(REFUSED, None)
             if refused_at is not None and self.refusals.pause > 0:
@@ -235,6 +273,7 @@ def serve(
             "ssl_key": Path(ssl["ssl_keyfile"] or ssl["ssl_certfile"]),
             "ssl_key_password": ssl.get("ssl_keyfile_password"),
         }
+    shown_host = f"[{host}]" if ":" in host else host
     edge = EdgeLimits(app, limits)
     server = Server(
         edge,
@@ -263,6 +302,8 @@ def serve(
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop)
+        scheme = "https" if tls else "http"
+        logger.info("granian serving on %s://%s:%d (press CTRL+C to quit)", scheme, shown_host, port)
         if on_ready is not None:
 
             def stop_from_any_thread() -> None:
