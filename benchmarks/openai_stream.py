@@ -138,7 +138,7 @@ def main() -> None:
             servers["bare"].wait_ready(lambda url: httpx.post(url + "/v1/chat/completions", json={}).status_code == 200)
             results: dict[str, list[tuple[float, float]]] = {name: [] for name in servers}
             with httpx.Client(timeout=60) as client:
-                for name, server in servers.items():  # warm up
+                for server in servers.values():  # warm up
                     for _ in range(3):
                         one_stream(client, server.url, args.tokens)
                 for _ in range(args.requests):
