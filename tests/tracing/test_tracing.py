@@ -300,3 +300,23 @@ def test_each_worker_exports_its_own_spans(tmp_path: Path, start_server: Any, re
         span = server_span(receiver, trace_id, "/asyncmodel")
         assert span.service == "two-workers"
         pids.add(span.resource["process.pid"])
+
+
+def test_a_client_instrumented_by_opentelemetry_httpx_is_the_parent(server: Any, receiver: Receiver) -> None:
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    with httpx.Client() as client:
+        HTTPXClientInstrumentor.instrument_client(client, tracer_provider=provider)
+        answer = client.post(f"{server.url}/stages", json={"x": 1})
+    assert answer.status_code == 200
+    (sent,) = exported.get_finished_spans()
+    trace_id, client_id = format(sent.context.trace_id, "032x"), format(sent.context.span_id, "016x")
+    span = server_span(receiver, trace_id, "/stages")
+    assert span.parent_id == client_id
+    assert answer.headers["traceparent"].split("-")[1:3] == [trace_id, span.span_id]
