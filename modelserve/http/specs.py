@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 PROTOCOLS: dict[str, tuple[str, ...]] = {
     "native": (
         "modelserve.http.realtime",
+        "modelserve.http.versions",
         "modelserve.http.jobs",
         "modelserve.http.openai",
         "modelserve.http.truss",

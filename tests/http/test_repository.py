@@ -184,3 +184,11 @@ def infer_url(url: str, name: str, version: str = "") -> float:
     client = client_of(url)
     x = httpclient.InferInput("x", [1], "FP32").set_data_from_numpy(np.array([10], np.float32))
     return float(client.infer(name, [x], model_version=version).as_numpy("y")[0])
+
+
+def test_the_native_route_of_each_version(server: Any) -> None:
+    assert httpx.post(f"{server.url}/every/versions/2", json={"x": [1.0]}).json() == {"y": [3.0]}
+    assert httpx.post(f"{server.url}/chosen/versions/1", json={"x": [1.0]}).json() == {"y": [2.0]}
+    assert httpx.post(f"{server.url}/every", json={"x": [1.0]}).json() == {"y": [4.0]}  # the highest
+    assert httpx.get(f"{server.url}/every/versions/2").json()["model"]["path"] == "models/plus/2/model.onnx"
+    assert httpx.post(f"{server.url}/chosen/versions/2", json={"x": [1.0]}).status_code == 404
