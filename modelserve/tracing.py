@@ -49,7 +49,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by the install-hint test in a venv without it
     raise LoadError(
         f"tracing needs opentelemetry-sdk and its OTLP exporter ({exc.name} is missing). "
-        f"Install them with: {install_hint('tracing')}"
+        f"Install it with: {install_hint('tracing')}"
     ) from None
 
 if TYPE_CHECKING:

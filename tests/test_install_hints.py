@@ -50,6 +50,12 @@ def cli_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
             },
             ["--jobs-store", "redis://127.0.0.1:1/0"],
         ),
+        (
+            "opentelemetry",
+            "tracing",
+            {"model.py": MODEL, "modelserve.yaml": "tracing: true\napis: [{name: m, handler: {path: model.py}}]\n"},
+            [],
+        ),
     ],
 )
 def test_a_missing_extra_exits_3_with_both_commands(
