@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from prometheus_client.values import MutexValue
 
 import modelserve
 from modelserve.metrics import _forget_dead_workers
-from tests.conftest import write_project
+from tests.conftest import free_port, write_project
 from tests.tracing.receiver import Receiver, env
 
 pytestmark = pytest.mark.anyio
@@ -456,3 +457,67 @@ async def test_the_request_path_calls_no_prometheus_client_and_threads_lose_no_c
         value(families, "modelserve_stage_duration_seconds_bucket", api="staged", stage="threaded", le="0.005") == 8000
     )
     assert value(families, "modelserve_stage_duration_seconds_sum", api="staged", stage="threaded") == pytest.approx(24)
+
+
+def test_a_real_prometheus_scrapes_it_cleanly_with_exemplars(tmp_path: Path, start_server: Any) -> None:
+    """Debian's Prometheus scrapes the server (asking for OpenMetrics, so it stores the exemplars), and its
+    promtool finds nothing to say about the text exposition."""
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if prometheus is None or promtool is None:
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    receiver = Receiver()
+    process = None
+    try:
+        model = "class Model:\n    def predict(self, inputs):\n        return {}\n"
+        server = start_server(write_project(tmp_path / "p", {"model.py": model}), env=env(receiver))
+        server.wait_ready()
+        traces = {httpx.post(server.url + "/", json={}).headers["traceparent"].split("-")[1] for _ in range(5)}
+        lint = subprocess.run(
+            [promtool, "check", "metrics"],
+            input=httpx.get(server.url + "/metrics").text,
+            capture_output=True,
+            text=True,
+        )
+        assert (lint.returncode, lint.stdout + lint.stderr) == (0, "")
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s}\n"
+            f"scrape_configs: [{{job_name: modelserve, static_configs: [{{targets: ['127.0.0.1:{server.port}']}}]}}]\n"
+        )
+        web = f"127.0.0.1:{free_port()}"
+        process = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address={web}",
+                "--enable-feature=exemplar-storage",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        query = {
+            "query": "modelserve_request_duration_seconds_bucket",
+            "start": time.time() - 600,
+            "end": time.time() + 600,
+        }
+        deadline = time.monotonic() + 60
+        found: set[str] = set()
+        while not found:
+            assert time.monotonic() < deadline and process.poll() is None, "no exemplar reached Prometheus"
+            time.sleep(0.5)
+            try:
+                answer = httpx.get(f"http://{web}/api/v1/query_exemplars", params=query).json()
+            except httpx.TransportError:
+                continue
+            found = {e["labels"]["trace_id"] for series in answer.get("data") or [] for e in series["exemplars"]}
+        assert found <= traces
+        (build,) = httpx.get(f"http://{web}/api/v1/query", params={"query": "modelserve_build_info"}).json()["data"][
+            "result"
+        ]
+        assert build["metric"]["version"] == modelserve.__version__
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        receiver.close()
