@@ -151,6 +151,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="folder of secret files, one per secret name, read by a Model's `secrets` (default: /secrets)",
     )
+    grpc = parser.add_argument_group("gRPC and the model repository")
+    grpc.add_argument(
+        "--grpc-port",
+        type=number(int, 1, 65535),
+        default=None,
+        metavar="PORT",
+        help="serve the Open Inference Protocol over gRPC on this port too (needs the grpc extra)",
+    )
+    grpc.add_argument(
+        "--model-control",
+        choices=["none", "explicit"],
+        default="none",
+        help="explicit: load and unload models while serving (/v2/repository); none (default): all load at start",
+    )
+    grpc.add_argument(
+        "--load-model",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="with --model-control explicit, an API to load at start (repeatable; default: all of them)",
+    )
     security = parser.add_argument_group("serving beyond loopback")
     security.add_argument(
         "--api-key-env",
@@ -222,6 +243,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1 and args.reload:
         parser.print_usage(sys.stderr)
         print("modelserve: error: --reload and --workers cannot be used together", file=sys.stderr)
+        return EXIT_USAGE
+    if args.load_model and args.model_control != "explicit":
+        parser.print_usage(sys.stderr)
+        print("modelserve: error: --load-model needs --model-control explicit", file=sys.stderr)
+        return EXIT_USAGE
+    if args.grpc_port is not None and args.ssl_keyfile_password_env is not None:
+        parser.print_usage(sys.stderr)
+        print("modelserve: error: --grpc-port serves TLS with an unencrypted private key only", file=sys.stderr)
         return EXIT_USAGE
 
     if args.secrets_dir is not None:

@@ -36,6 +36,10 @@ def settings_of(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
         "api_key_env": args.api_key_env,
         "cors_origins": args.cors_origin,
         "docs": args.docs,
+        "grpc_port": args.grpc_port,
+        "grpc_tls": [args.ssl_certfile, args.ssl_keyfile] if args.ssl_certfile else None,
+        "model_control": args.model_control,
+        "load_models": args.load_model,
     }
 
 
@@ -54,6 +58,13 @@ def make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
         docs=settings.get("docs", True),
     )
     app.server.graceful_timeout = settings["graceful_timeout"]
+    if settings.get("model_control") == "explicit":
+        app.server.repository.explicit(settings["load_models"])
+    if settings.get("grpc_port"):
+        from modelserve.grpc import attach
+
+        certfile, keyfile = settings.get("grpc_tls") or (None, None)
+        attach(app.server, settings["host"], settings["grpc_port"], certfile=certfile, keyfile=keyfile)
     app.server.tune_collector_after_load = True  # this process serves this project only
     return app
 
