@@ -25,9 +25,11 @@ from modelserve.jobs import STORE_CHOICES
 from modelserve.launch import (
     ENV_SETTINGS,
     EXIT_LOAD,
+    SERVERS,
     ignore_signal,
     listen,
     make_app,
+    serve_granian,
     settings_of,
     ssl_settings,
     warn_exposed,
@@ -118,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="worker processes, each loading the project (default: 1)",
+    )
+    parser.add_argument(
+        "--server",
+        choices=list(SERVERS),
+        default="uvicorn",
+        help="uvicorn, or granian: Rust HTTP, one process, the granian extra (docs/edge.md) (default: uvicorn)",
     )
     parser.add_argument(
         "--log-level",
@@ -305,6 +313,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from modelserve.http._protocol import TransportConfig, TransportLimits
 
     limits = TransportLimits(args.max_header_size, args.header_timeout, args.body_timeout, args.refusal_pause)
+    if args.server == "granian":
+        try:
+            failures += serve_granian(app, args, limits, ssl_kwargs, log_config)
+        except ValueError as exc:
+            print(f"modelserve: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as exc:
+            print(f"modelserve: error: {exc}", file=sys.stderr)
+            return EXIT_ADDRESS
+        if failures:  # the error itself was logged when it happened
+            print("modelserve: error: the project failed to load (see the error above)", file=sys.stderr)
+            return EXIT_LOAD
+        return EXIT_OK
     config_kwargs: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
