@@ -243,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("dockerfile", "build"):  # `modelserve dockerfile PROJECT`: modelserve.container
+        return _container_command(argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -391,6 +394,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("modelserve: error: a worker failed to load the project; see the log above", file=sys.stderr)
         return EXIT_LOAD
     return EXIT_OK
+
+
+def _container_command(argv: list[str]) -> int:
+    """``modelserve dockerfile ...`` and ``modelserve build ...`` (docs/containers.md): exit 2 for a mistake."""
+    from modelserve.container import run_command
+    from modelserve.errors import ConfigError
+
+    try:
+        return run_command(argv)
+    except SystemExit as exc:  # argparse: bad usage, or --help
+        return int(exc.code or 0)
+    except ConfigError as exc:
+        print(f"modelserve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def run() -> None:

@@ -153,7 +153,9 @@ def test_cortex_dependencies_and_a_redis_store(tmp_path: Path) -> None:
     assert needs.requirement_files == ["deps/pip.txt"] and needs.scripts == ["setup.sh"]
     text = container.dockerfile(project)
     assert pip_install(text)[5:] == ["-r", "/tmp/requirements/0-pip.txt"]
-    assert json.dumps(["bash", f"{container.PROJECT_DIR}/setup.sh"]) in instructions(text, "RUN")
+    assert json.dumps(["bash", "setup.sh"]) in instructions(text, "RUN")
+    order = [(item["instruction"], item["value"]) for item in parse(text)]
+    assert order.index(("WORKDIR", container.PROJECT_DIR)) < order.index(("RUN", '["bash", "setup.sh"]'))
 
     yaml_text = "jobs: {store: 'redis://cache:6379/0'}\napis: [{name: j, kind: async, handler: {path: handler.py}}]\n"
     redis_project = write_project(tmp_path / "r", {"modelserve.yaml": yaml_text, "handler.py": handler})
@@ -271,3 +273,43 @@ def test_the_entrypoint_serves_and_the_healthcheck_and_stopsignal_work(tmp_path:
     assert lines[0] == "healthy=0", run.stdout + run.stderr + log
     assert json.loads(lines[1])["label"] == "setosa"
     assert lines[2] == "exit=0", log  # SIGTERM: a graceful stop
+
+
+def modelserve_command(*args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": path} if path is not None else None
+    return subprocess.run(
+        [sys.executable, "-m", "modelserve", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
+
+
+def test_the_dockerfile_command_writes_refuses_to_overwrite_and_prints(tmp_path: Path) -> None:
+    project = tmp_path / "iris-onnx"
+    shutil.copytree(REPO / "examples" / "iris-onnx", project)
+    written = modelserve_command("dockerfile", str(project))
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.split() == ["wrote", str(project / "Dockerfile"), "wrote", str(project / ".dockerignore")]
+    assert (project / "Dockerfile").read_text() == container.dockerfile(project)
+    again = modelserve_command("dockerfile", str(project))
+    assert again.returncode == cli.EXIT_USAGE and "--force replaces them" in again.stderr
+    printed = modelserve_command("dockerfile", str(project), "--stdout", "--port", "9000")
+    assert printed.returncode == 0 and printed.stdout == container.dockerfile(project, port=9000)
+
+
+def test_the_build_command_without_a_container_tool_exits_2_saying_so(tmp_path: Path) -> None:
+    built = modelserve_command("build", str(REPO / "examples" / "iris"), "-t", "iris:1", path=str(tmp_path))
+    assert built.returncode == cli.EXIT_USAGE
+    assert "needs docker, podman or buildah" in built.stderr
+    assert not (REPO / "examples" / "iris" / "Dockerfile").exists()  # nothing written before the tool is found
+    missing_tag = modelserve_command("build", str(REPO / "examples" / "iris"))
+    assert missing_tag.returncode == cli.EXIT_USAGE and "--tag" in missing_tag.stderr
+
+
+def test_a_project_that_is_not_valid_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    project = write_project(tmp_path / "bad", {"modelserve.yaml": "apis: [{name: x}]"})
+    refused = modelserve_command("dockerfile", str(project))
+    assert refused.returncode == cli.EXIT_USAGE and "needs a 'handler'" in refused.stderr
+    assert not (project / "Dockerfile").exists()
+
+
+def test_the_container_defaults_are_the_clis() -> None:
+    assert container.DEFAULT_PORT == cli.DEFAULT_PORT
