@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-docs", dest="docs", action="store_false", help="do not serve /docs (the OpenAPI document's page)"
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="send OpenTelemetry traces to the collector of OTEL_EXPORTER_OTLP_ENDPOINT (needs the 'tracing' extra)",
+    )
     parser.add_argument("--jobs-store", default=None, help=f"override the jobs store: {STORE_CHOICES}")
     parser.add_argument(
         "--secrets-dir",
@@ -268,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from modelserve.secrets import SECRETS_DIR_ENV
 
         os.environ[SECRETS_DIR_ENV] = args.secrets_dir
+    if args.tracing:  # through the environment, so that every worker (and a reload) turns it on too
+        from modelserve.config import TRACING_ENV
+
+        os.environ[TRACING_ENV] = "1"
 
     import logging.config
 

@@ -25,7 +25,7 @@ TRACES = section(page("observability.md"), "Traces")
 def tree(text: str) -> tuple[str, list[str]]:
     """(the root's name, its children's names) of a span tree drawn in a text block."""
     lines = [line for line in text.splitlines() if line.strip()]
-    root = lines[0].split()[0]
+    root = re.split(r"\s{2,}", lines[0].strip())[0]  # a name, then its comment after two spaces or more
     names = [re.sub(r"^[\s│├└─]+", "", line).split()[0] for line in lines[1:] if line.startswith(("├", "└"))]
     return root, names
 
