@@ -376,6 +376,19 @@ def _dead(pids: Iterable[int]) -> list[int]:
     return dead
 
 
+def has_exemplar_seam(child: Any) -> bool:
+    """Whether histogram `child` has the private buckets `set_exemplar` writes to (prometheus-client's own, in
+    one process); checked once when tracing starts, which warns where it is not so."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    return (
+        bounds is not None
+        and buckets is not None
+        and len(bounds) == len(buckets)
+        and all(callable(getattr(bucket, "set_exemplar", None)) for bucket in buckets)
+    )
+
+
 def set_exemplar(child: Any, seconds: float, trace_id: str) -> None:
     """Mark the bucket of histogram `child` that `seconds` falls in with the trace of that request (an
     OpenMetrics exemplar). The observation itself is counted as usual (`modelserve.api_metrics`); this sets

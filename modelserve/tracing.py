@@ -189,6 +189,14 @@ class Tracing:
         for api in server.apis.values():
             self._instrument_api(api)
         _count_dropped(server.metrics)
+        from modelserve.metrics import has_exemplar_seam
+
+        children = [api.metrics.latency for api in server.apis.values()]
+        if not server.metrics.multiprocess and not all(has_exemplar_seam(child) for child in children):
+            logger.warning(
+                "tracing: this prometheus-client's histograms are not as modelserve expects; the request "
+                "latency histogram carries no exemplars (traces are not affected)"
+            )
 
     def traced_routes(self, table: list[Any]) -> None:
         """Wrap, in place, every route handler of `table` (`modelserve.http.routing.Route`s) that runs an exchange

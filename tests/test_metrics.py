@@ -17,13 +17,15 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_exposition
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.values import MutexValue
 
 import modelserve
-from modelserve.metrics import _forget_dead_workers
+from modelserve.metrics import _forget_dead_workers, has_exemplar_seam, set_exemplar
 from tests.conftest import free_port, write_project
 from tests.tracing.receiver import Receiver, env
 
@@ -521,3 +523,19 @@ def test_a_real_prometheus_scrapes_it_cleanly_with_exemplars(tmp_path: Path, sta
             process.terminate()
             process.wait(30)
         receiver.close()
+
+
+def test_an_exemplar_goes_to_the_bucket_of_its_value_and_is_left_out_without_the_private_buckets() -> None:
+    registry = CollectorRegistry()
+    child = Histogram("latency_seconds", "test", ["api"], buckets=(0.1, 1.0), registry=registry).labels("a")
+    assert has_exemplar_seam(child)
+    set_exemplar(child, 0.5, "ab" * 16)
+    exposition = openmetrics_exposition(registry).decode()
+    assert 'latency_seconds_bucket{api="a",le="1.0"} 0.0 # {trace_id="' + "ab" * 16 + '"} 0.5' in exposition
+
+    class Elsewhere:  # a histogram child of another shape
+        def observe(self, value: float) -> None:
+            pass
+
+    assert not has_exemplar_seam(Elsewhere())
+    set_exemplar(Elsewhere(), 0.5, "ab" * 16)  # nothing to do, nothing raised
