@@ -107,3 +107,18 @@ def test_grpc_serves_tls_with_the_https_certificate(start_server: Any, tmp_path:
     with pytest.raises(Exception):  # noqa: B017 - a plain-text client cannot talk to the TLS port
         plain.is_server_live(client_timeout=5)
     plain.close()
+
+
+def test_without_grpcio_the_error_says_what_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['grpc'] = None\n"
+        "from modelserve.grpc import require\n"
+        "try:\n"
+        "    require()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.stdout.startswith("MissingExtraError grpc is not installed"), done.stdout + done.stderr
+    assert 'pip install -e ".[grpc]"' in done.stdout
