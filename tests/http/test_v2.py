@@ -88,7 +88,7 @@ apis:
   - name: iris
     model: {path: iris.onnx}
   - name: batched
-    model: {path: iris.onnx}
+    model: {path: iris.onnx, inline_threshold_ms: 0}  # 0: batched however fast iris is (docs/batching.md)
     batching: {max_batch_size: 8, max_wait_ms: 20}
     max_queue_length: 200
   - name: iris_tf
