@@ -15,7 +15,10 @@ process on a free loopback port, access log off, taking turns cell by cell, wrk 
 * ``floor-w2``: the bare route with ``--workers 2``, not pinned: two processes each doing the floor's
   decode/encode on both cores. A multi-process front (N HTTP processes decoding and encoding, one model
   process batching for them through shared memory) does at least this work per request in its HTTP
-  processes, plus the hand-over to the model process: this is its ceiling on this machine.
+  processes, plus the hand-over to the model process: this is its ceiling on this machine;
+* ``front-2``: a prototype of that front, not pinned: two uvicorn workers decode the ids and encode the answer,
+  one model process (the stand-in's model, batches of up to 64 from both) answers each request's row over a
+  Unix socket per worker.
 
 Each cell is the median over the rounds; each ratio the median over the rounds of the ratio within a round.
 
@@ -44,7 +47,120 @@ PINNED = {
     "batched-granian": True,
     "batched-granian-2cpu": False,
     "floor-w2": False,
+    "front-2": False,
 }
+
+
+FRONT_MODEL = """
+import sys
+import threading
+from multiprocessing.connection import Listener
+
+import numpy as np
+
+from model import ROW, device_call
+
+MAX_BATCH = int(sys.argv[2])
+waiting = []
+ready = threading.Condition()
+
+
+def serve(connection):
+    while True:
+        try:
+            message = connection.recv_bytes()
+        except EOFError:
+            return
+        with ready:
+            waiting.append((connection, message[:8]))
+            ready.notify()
+
+
+def batches():
+    while True:
+        with ready:
+            while not waiting:
+                ready.wait()
+            batch = waiting[:MAX_BATCH]
+            del waiting[:MAX_BATCH]
+        device_call()
+        rows = np.repeat(ROW[None, :], len(batch), axis=0)
+        for (connection, key), row in zip(batch, rows):
+            connection.send_bytes(key + row.tobytes())
+
+
+threading.Thread(target=batches, daemon=True).start()
+with Listener(sys.argv[1], "AF_UNIX") as listener:
+    while True:
+        threading.Thread(target=serve, args=(listener.accept(),), daemon=True).start()
+"""
+
+FRONT_HTTP = """
+import asyncio
+import itertools
+import os
+import struct
+import time
+from contextlib import asynccontextmanager
+from multiprocessing.connection import Client
+
+import numpy as np
+import orjson
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+SOCKET = os.environ["FRONT_SOCKET"]
+pending = {}
+keys = itertools.count()
+link = {}
+
+
+def answered():
+    connection = link["connection"]
+    while connection.poll():
+        message = connection.recv_bytes()
+        future = pending.pop(message[:8], None)
+        if future is not None and not future.done():
+            future.set_result(np.frombuffer(message, dtype=np.float32, offset=8))
+
+
+@asynccontextmanager
+async def lifespan(app):
+    for _ in range(600):
+        try:
+            link["connection"] = Client(SOCKET, "AF_UNIX")
+            break
+        except OSError:
+            time.sleep(0.05)
+    asyncio.get_running_loop().add_reader(link["connection"].fileno(), answered)
+    os.set_blocking(link["connection"].fileno(), True)  # the loop made it non-blocking; a full buffer waits
+    yield
+
+
+async def route(request):
+    ids = np.asarray(orjson.loads(await request.body())["ids"], dtype=np.int64)
+    key = struct.pack("<Q", next(keys))
+    future = asyncio.get_running_loop().create_future()
+    pending[key] = future
+    link["connection"].send_bytes(key + ids.tobytes())
+    row = await future
+    return Response(orjson.dumps({"embedding": row.tolist()}), media_type="application/json")
+
+
+app = Starlette(routes=[Route("/model", route, methods=["POST"])], lifespan=lifespan)
+"""
+
+
+def front(base: Path, batch: int, processes: int) -> list[str]:
+    """A prototype of the multi-process front: `processes` uvicorn workers decoding and encoding, one model
+    process batching the requests of all of them (a Unix socket per worker; the stand-in's model)."""
+    (base / "front_model.py").write_text(FRONT_MODEL.lstrip())
+    (base / "front_http.py").write_text(FRONT_HTTP.lstrip())
+    sock = base / f"front-{processes}.sock"
+    http = f"{sys.executable} -m uvicorn front_http:app --workers {processes} --no-access-log --log-level warning"
+    script = f"{sys.executable} front_model.py {sock} {batch} & FRONT_SOCKET={sock} exec {http} --port {{port}}"
+    return ["sh", "-c", script]
 
 
 def commands(root: Path, batch: int) -> dict[str, tuple[list[str], Path]]:
@@ -65,6 +181,7 @@ def commands(root: Path, batch: int) -> dict[str, tuple[list[str], Path]]:
         "batched-granian": ([*modelserve, str(granian_project), *flags, "--server", "granian"], base),
         "batched-granian-2cpu": ([*modelserve, str(granian_project), *flags, "--server", "granian"], base),
         "floor-w2": ([*floor_command, "--workers", "2"], base),
+        "front-2": (front(base, batch, 2), base),
     }
 
 
@@ -93,6 +210,7 @@ def report(runs: dict[tuple[str, int], list[Run]], names: list[str], levels: lis
         ("batched-granian", "granian edge, one core"),
         ("batched-granian-2cpu", "granian edge, two cores"),
         ("floor-w2", "ceiling of a multi-process front"),
+        ("front-2", "a multi-process front's prototype"),
     ):
         if name in names:
             value = paired_ratios(runs[(name, 256)], runs[("floor", 256)])[0]
