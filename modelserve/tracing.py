@@ -210,6 +210,8 @@ class Tracing:
             }
 
     def _instrument_api(self, api: Api) -> None:
+        from modelserve.api import Stream
+
         call = api.call
         tracer = self.tracer
 
@@ -227,9 +229,7 @@ class Tracing:
             except HTTPError as exc:
                 span.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
                 raise
-            from modelserve.api import Stream
-
-            if traced is None:
+            if traced is None or not span.is_recording():  # not sampled: no child of it is either
                 return result
             if isinstance(result, Stream):
                 _trace_stream(tracer, result)
@@ -245,7 +245,7 @@ class Tracing:
             if name == "job":  # a job's whole run, which its own span already covers
                 return
             traced = _traced.get()
-            if traced is None:  # a stage of a call that nothing of ours traces
+            if traced is None or not traced.span.is_recording():  # nothing of ours traces it, or not sampled
                 return
             end = time.time_ns()
             start = end - int(seconds * 1e9)
@@ -495,8 +495,10 @@ class _TracedRoute:
             f"{method} {self.route}",
             context=propagate.extract(carrier),
             kind=SpanKind.SERVER,
-            attributes=self._attributes(scope, method),
+            attributes={"http.request.method": method, "http.route": self.route, "url.path": scope["path"]},
         )
+        if span.is_recording():  # the rest only for a sampled request
+            span.set_attributes(self._attributes(scope))
         traced = _Traced(span)
         token = otel_context.attach(trace.set_span_in_context(span))
         traced_token = _traced.set(traced)
@@ -540,11 +542,8 @@ class _TracedRoute:
                     self.latency, time.perf_counter() - started, format(span.get_span_context().trace_id, "032x")
                 )
 
-    def _attributes(self, scope: Scope, method: str) -> dict[str, Any]:
+    def _attributes(self, scope: Scope) -> dict[str, Any]:
         attributes: dict[str, Any] = {
-            "http.request.method": method,
-            "http.route": self.route,
-            "url.path": scope["path"],
             "url.scheme": scope.get("scheme", "http"),
             "network.protocol.version": scope.get("http_version", "1.1"),
         }

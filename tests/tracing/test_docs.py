@@ -74,7 +74,8 @@ def test_the_walkthrough_gives_the_span_tree_it_draws(tmp_path: Path, receiver: 
             time.sleep(0.05)
         request = curl_request(call, base)
         trace_id, caller = request.headers["traceparent"].split("-")[1:3]
-        answer = httpx.Client().send(request)
+        with httpx.Client() as client:
+            answer = client.send(request)
         assert answer.status_code == 200
         assert answer.headers["traceparent"].split("-")[1] == trace_id
         root_name, drawn = tree(blocks(TRACES, "text")[0])
