@@ -449,7 +449,7 @@ def encode_response(
         datatype = _BY_DTYPE.get(dtype) or datatype_of(dtype)
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            data = _to_binary(array, datatype)
+            data = to_binary(array, datatype)
             tensor["parameters"] = {"binary_data_size": len(data)}
             binaries.append(data)
         else:
@@ -465,7 +465,9 @@ def encode_response(
     return b"".join([header, *binaries]), len(header)
 
 
-def _to_binary(array: np.ndarray, datatype: str) -> Any:
+def to_binary(array: np.ndarray, datatype: str) -> Any:
+    """A tensor's data as the binary extension (and gRPC's ``raw_output_contents``) sends it: little-endian
+    values, or each BYTES element as a 4-byte length and its bytes; a buffer over the array where it can be."""
     if datatype == "BYTES":
         parts = []
         for item in array.reshape(-1):

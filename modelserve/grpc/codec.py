@@ -12,7 +12,6 @@ is made. Outputs are answered in ``raw_output_contents``, as Triton does.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from modelserve.errors import BadRequest
 from modelserve.grpc._proto import grpc_service_pb2 as pb
-from modelserve.v2 import DATATYPES, FIXED, InferRequest, V2Inputs, datatype_of, element_count, from_binary
+from modelserve.v2 import DATATYPES, FIXED, InferRequest, V2Inputs, datatype_of, element_count, from_binary, to_binary
 
 #: The repeated field of ``InferTensorContents`` that holds each datatype's elements.
 CONTENTS = {
@@ -38,7 +37,6 @@ CONTENTS = {
     "BYTES": "bytes_contents",
 }
 _KNOWN = frozenset(DATATYPES)
-_LENGTH = struct.Struct("<I")
 
 
 def parameters(entries: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,19 +117,6 @@ def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, co
     return np.asarray(values, dtype=dtype).reshape(shape)
 
 
-def _raw(array: np.ndarray, datatype: str) -> bytes:
-    if datatype == "BYTES":
-        parts = []
-        for item in array.reshape(-1):
-            data = item.encode() if isinstance(item, str) else bytes(item)
-            parts.append(_LENGTH.pack(len(data)))
-            parts.append(data)
-        return b"".join(parts)
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array).tobytes()
-
-
 def encode_infer(model_name: str, version: str, request: InferRequest, outputs: Mapping[str, np.ndarray]) -> Any:
     """The ``ModelInferResponse`` of `outputs` (those the request named, else all), as raw contents.
 
@@ -142,5 +127,5 @@ def encode_infer(model_name: str, version: str, request: InferRequest, outputs: 
         array = outputs[name]
         datatype = datatype_of(array.dtype)
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(_raw(array, datatype))
+        response.raw_output_contents.append(bytes(to_binary(array, datatype)))
     return response

@@ -327,7 +327,7 @@ class InferenceServicer:
             except BaseException:
                 api.unadmit(size)
                 raise
-            result = await model.call(decoded, ctx, cancelled=RpcEnded(context), admitted=size)
+            result = await model.call_model(decoded, ctx, cancelled=RpcEnded(context), admitted=size)
             try:
                 outputs = model.outputs(result, decoded)
                 return encode_infer(model.name, model.version, decoded, outputs)

@@ -136,7 +136,7 @@ class V2Model(Exchange):
         #: every served version of its API for the metadata.
         self.version = version
         self.versions = versions or (lambda: [version])
-        self.call = self._infer
+        self.call = self.call_model
         self._signature: Signature | None = None
         #: The backend the signature was read from: a repository load switches an API to a new one.
         self._backend: Any = None
@@ -222,7 +222,8 @@ class V2Model(Exchange):
         signature.check(request)
         return request
 
-    def _infer(self, decoded: InferRequest, ctx: RequestContext, **call: Any) -> Awaitable[Any]:
+    def call_model(self, decoded: InferRequest, ctx: RequestContext, **call: Any) -> Awaitable[Any]:
+        """`Api.call` for a decoded request: a model file's tensor entry, or the API's pipeline (HTTP and gRPC)."""
         return self.api.call(decoded.inputs, ctx, pipeline=self._tensors, **call)
 
     def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
