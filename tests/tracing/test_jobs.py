@@ -3,12 +3,16 @@ server process through SQLite; Redis), with the time it waited in the queue."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from modelserve.jobs.base import NewJob
+from modelserve.jobs.sqlite import SCHEMA, SQLiteStore
 from tests.conftest import redis_server, write_project
 from tests.tracing.receiver import Receiver, Span, children, client_span, env
 
@@ -108,3 +112,27 @@ def test_a_job_through_redis_continues_its_trace_and_records_its_failure(
         (event,) = [attributes for name, attributes in run.events if name == "exception"]
         assert event["exception.type"] == "ValueError"
         assert queue.end <= run.start + 1_000_000
+
+
+def test_a_job_file_from_before_tracing_gains_the_column_and_keeps_its_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA.replace("    trace TEXT,\n", ""))
+    old.execute("INSERT INTO jobs (api, id, status, kind, payload) VALUES ('a', 'old', 'in_queue', 'json', x'7b7d')")
+    old.commit()
+    old.close()
+
+    async def run() -> list[Any]:
+        store = SQLiteStore(path)
+        await store.open()
+        try:
+            await store.submit(NewJob("a", "new", "json", b"{}", "1 00-" + "1" * 32 + "-" + "2" * 16 + "-01"), 10)
+            return await store.claim("a", "me", 2)
+        finally:
+            await store.close()
+
+    claimed = asyncio.run(run())
+    assert [(job.id, job.trace) for job in claimed] == [
+        ("old", None),
+        ("new", "1 00-" + "1" * 32 + "-" + "2" * 16 + "-01"),
+    ]
