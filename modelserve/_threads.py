@@ -6,6 +6,8 @@
   returns even when the request left first (a timeout, a disconnect).
 - `Adaptive`: one sync callable inline on the event loop while it is measured fast, else in a thread.
 - `BatchThreads`: a few threads of one API's own, warmed at load and kept for its life (a batched model's).
+- `OwnThread`: one thread of a component's own, for work that must all run on the same thread (the SQLite
+  job store's connection).
 
 Why not ``anyio.to_thread.run_sync``: it first yields to the event loop (a checkpoint) and only then hands the
 call to a thread. On a busy server that yield waits behind every callback that is ready, several milliseconds
@@ -27,13 +29,15 @@ import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
 
 from modelserve import devices
 from modelserve.context import RequestContext, current
 from modelserve.errors import RequestCancelled
 
 logger = logging.getLogger("modelserve")
+
+T = TypeVar("T")
 
 #: At most this many sync calls run at once in the process (anyio's default is 40 too).
 MAX_THREADS = 40
@@ -378,3 +382,18 @@ class BatchThreads:
         for _ in self._threads:
             self._jobs.put(None)
         self._threads = []
+
+
+class OwnThread:
+    """One thread of a component's own: every call handed to it runs there, one at a time, in order (a SQLite
+    connection, which the job store uses from one thread). `close` waits for what was handed over."""
+
+    def __init__(self, name: str) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread; its result or exception."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)

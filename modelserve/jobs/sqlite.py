@@ -11,10 +11,10 @@ import asyncio
 import os
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from modelserve._threads import OwnThread
 from modelserve.errors import DuplicateJob, HTTPError, JobQueueFull, LoadError
 from modelserve.jobs.base import (
     CANCELLED,
@@ -97,7 +97,7 @@ class SQLiteStore(JobStore):
         #: Shown in GET /<api> and the logs: the path as the project names it, not where the project lives.
         self.description = f"sqlite store {shown or path}"
         self._db: sqlite3.Connection | None = None
-        self._thread: ThreadPoolExecutor | None = None
+        self._thread: OwnThread | None = None
         self._pending: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
         self._flushing = False
 
@@ -125,7 +125,7 @@ class SQLiteStore(JobStore):
             raise LoadError(f"cannot open the {self.description}: {exc}") from exc
 
     async def open(self) -> None:
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="modelserve-sqlite")
+        self._thread = OwnThread("modelserve-sqlite")
         try:
             self._db = await self._run(self._connect)
         except (OSError, sqlite3.Error) as exc:
@@ -137,12 +137,12 @@ class SQLiteStore(JobStore):
         if self._db is not None:
             await self._run(self._db.close)
             self._db = None
-        self._thread.shutdown(wait=True)
+        self._thread.close()
         self._thread = None
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         assert self._thread is not None, "the sqlite store is not open"
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await self._thread.run(fn, *args)
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Run `fn` in a write transaction, grouped with the other writes waiting at the same moment.
