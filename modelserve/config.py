@@ -32,8 +32,23 @@ RESERVED_NAMES = frozenset({"healthz", "readyz", "metrics", "v2", "openapi.json"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODEL_FORMATS = ("onnx", "tensorflow")
 ON_DISCONNECT = ("cancel", "notify")
-#: The wire protocols a project serves: modelserve's own routes, the Open Inference Protocol (``/v2/...``).
-PROTOCOLS = ("native", "v2")
+#: The wire protocols a project may serve (``protocols:``), each with the spec modules that make its routes
+#: (`modelserve.http.specs`), in the order their routes enter the table: ``native`` is ``POST /<api>`` of the
+#: realtime APIs (and of each version), the job routes of the async ones, OpenAI's paths of the APIs that ask
+#: for them (``openai:``, or a Truss class's ``chat_completions``...), Truss's and SageMaker's routes of a
+#: Truss API, and the WebSocket routes; ``v2`` the Open Inference Protocol (``/v2/...``). Adding a transport is
+#: its module and one line here; a module is imported only when a project serves its protocol.
+PROTOCOLS: dict[str, tuple[str, ...]] = {
+    "native": (
+        "modelserve.http.realtime",
+        "modelserve.http.versions",
+        "modelserve.http.jobs",
+        "modelserve.http.openai",
+        "modelserve.http.truss",
+        "modelserve.http.websocket",
+    ),
+    "v2": ("modelserve.http.v2",),
+}
 #: What an API's ``openai:`` serves it as (`modelserve.http.openai`): ``/v1/chat/completions``,
 #: ``/v1/completions`` or ``/v1/embeddings``, with the OpenAI envelope built around its predict.
 OPENAI_KINDS = ("chat", "completions", "embeddings")
