@@ -148,6 +148,8 @@ class ApiConfig:
     #: Seconds a request may wait in the line; one whose turn comes later gets 503 instead. "auto": longer than
     #: the full line takes to go through (only while the line is full); None (`false` in YAML): no bound.
     max_queue_wait: float | str | None = AUTO
+    #: Seconds a WebSocket session may pass without a message either way before it is closed (1001).
+    websocket_idle_timeout: float = 300.0
     result_ttl: float = DEFAULT_RESULT_TTL
     batching: BatchingConfig | None = None
     #: What a client's disconnect does to running async user code: "cancel" it, or "notify" it (is_cancelled).
@@ -461,6 +463,7 @@ _API_KEYS = {
     "max_body_size",
     "max_queued_bytes",
     "max_queue_wait",
+    "websocket_idle_timeout",
     "result_ttl",
     "batching",
     "data_dir",
@@ -670,6 +673,9 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.max_body_size = problems.take(raw, "max_body_size", _positive_int, where, api.max_body_size)
     api.max_queued_bytes = problems.take(raw, "max_queued_bytes", _positive_int, where, api.max_queued_bytes)
     api.max_queue_wait = problems.take(raw, "max_queue_wait", _queue_wait, where, api.max_queue_wait)
+    api.websocket_idle_timeout = problems.take(
+        raw, "websocket_idle_timeout", _positive_number, where, api.websocket_idle_timeout
+    )
     api.result_ttl = problems.take(raw, "result_ttl", _positive_number, where, api.result_ttl)
     if raw.get("batching") is not None:
         api.batching = _parse_batching(raw["batching"], where, problems)
