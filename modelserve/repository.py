@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from modelserve.api import Api
 from modelserve.backends import make_backend
@@ -115,17 +117,28 @@ class Repository:
         if name not in self.configs or self.configs[name].kind != "realtime":
             raise BadRequest(f"failed to {action} '{name}', failed to poll from model repository")
 
-    @staticmethod
-    def check_parameters(action: str, name: str, keys: Iterable[str]) -> None:
-        """A load or unload request's parameters: Triton's model configuration and files are refused (a model's
-        configuration is its project's modelserve.yaml); ``unload_dependents`` is accepted (no model here has
-        dependents)."""
-        refused = sorted(key for key in keys if key != "unload_dependents")
+    def requested_config(self, action: str, name: str, parameters: Mapping[str, Any]) -> ApiConfig | None:
+        """The configuration a load or unload request asks for: None for the project's own, or the project's
+        with the fields of Triton's model configuration (the ``config`` parameter, JSON) that map onto it
+        applied (`CONFIG_FIELDS`). Everything else is refused, before anything loads: the rest of a model's
+        configuration, and a model's files (``file:<path>`` parameters), are its project's modelserve.yaml.
+        ``unload_dependents`` is accepted (no model here has dependents)."""
+        refused = sorted(key for key in parameters if key not in ("unload_dependents", "config"))
         if refused:
             raise BadRequest(
                 f"failed to {action} '{name}': modelserve takes no {', '.join(repr(k[:60]) for k in refused)} "
-                f"parameter in a {action} request (a model's configuration is its project's modelserve.yaml)"
+                f"parameter in a {action} request (a model's files and configuration are its project's "
+                "modelserve.yaml)"
             )
+        text = parameters.get("config")
+        if text is None:
+            return None
+        if action != "load":
+            raise BadRequest(f"failed to {action} '{name}': the 'config' parameter is taken by a load only")
+        if not isinstance(text, str):
+            raise BadRequest(f"failed to load '{name}': the 'config' parameter must be a string of JSON")
+        self._check(name, action)
+        return overridden(self.configs[name], text)
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model of the repository, one entry per version: name, version, state and reason."""
@@ -143,15 +156,16 @@ class Repository:
                 entries.append({"name": name, "version": str(number), "state": state, "reason": reason})
         return entries
 
-    async def load(self, name: str) -> None:
-        """Load (or reload) the API `name`; returns once it serves. `LoadError` when it failed to."""
+    async def load(self, name: str, config: ApiConfig | None = None) -> None:
+        """Load (or reload) the API `name`, with `config` (`requested_config`) or else its project's
+        configuration; returns once it serves. `LoadError` when it failed to."""
         self._check(name, "load")
         async with self._busy.setdefault(name, asyncio.Lock()):
             versions = self.server.versions.get(name)
             if versions is None:
-                await self._reload(self.server.apis[name])
+                await self._reload(self.server.apis[name], config or self.configs[name])
             else:
-                await self._load_versions(versions, self.configs[name])
+                await self._load_versions(versions, config or self.configs[name])
         await self._changed()
 
     async def unload(self, name: str) -> None:
@@ -163,16 +177,16 @@ class Repository:
                 await self._retire(api)
         await self._changed()
 
-    async def _reload(self, api: Api) -> None:
-        """A new backend of `api` loaded beside the one serving (if any), then switched to."""
-        backend = make_backend(api.config, self.server.project.root, self.server.metrics_client, api.metrics)
+    async def _reload(self, api: Api, config: ApiConfig) -> None:
+        """A new backend of `api` with `config` loaded beside the one serving (if any), then switched to."""
+        backend = make_backend(config, self.server.project.root, self.server.metrics_client, api.metrics)
         freed = api.state == "unloaded"  # its backend was closed by the unload (or never loaded)
         if not api.ready:
             api.state, api.error = "loading", None
         try:
             await backend.load()
-            if api.config.batching is not None:
-                backend.pipeline = backend.pipeline.limited(api.config.max_concurrency)
+            if config.batching is not None:
+                backend.pipeline = backend.pipeline.limited(config.max_concurrency)
         except Exception as exc:
             await backend.close()
             if not api.ready:
@@ -180,6 +194,11 @@ class Repository:
             raise LoadError(f"failed to load '{api.name}': {exc}") from exc
         old, was_ready = api.backend, api.ready
         api.backend = backend
+        if config.batching != api.config.batching and config.batching is not None:
+            # One more full batch than those running is admitted (`Api`); a larger batch admits more. Slots
+            # beyond the old count are taken by new calls once the line that waits now has gone through.
+            api.limiter.max_concurrency = (config.max_concurrency + 1) * config.batching.max_batch_size
+        api.config = config
         api.state, api.ready, api.error = "ready", True, None
         logger.info("api '%s' is loaded (model control)", api.name)
         if was_ready:  # the calls that began on the old backend end there; then it is freed
@@ -195,8 +214,8 @@ class Repository:
                 api = self.server.make_api(version_config)
                 await api.load()  # beside the others: it joins them once ready
                 versions.apis[number] = api
-            elif not api.ready:
-                await self._reload(api)
+            elif not api.ready or version_config != api.config:
+                await self._reload(api, version_config)
         for number in [number for number in versions.apis if number not in selected]:
             retired = versions.apis.pop(number)  # no new call reaches it; those in flight finish
             await self._retire(retired, routed=False)
@@ -220,3 +239,62 @@ class Repository:
     async def _changed(self) -> None:
         for listener in self.on_change:
             await listener()
+
+
+#: The fields of Triton's model configuration that a load's ``config`` parameter may set, and what they set:
+#: ``name`` (the model's own), ``max_batch_size`` (``batching.max_batch_size`` of an API that batches; 0 of one
+#: that does not) and ``dynamic_batching.max_queue_delay_microseconds`` (``batching.max_wait_ms``).
+CONFIG_FIELDS = ("name", "max_batch_size", "dynamic_batching")
+
+
+def _count(value: Any, field: str, name: str) -> int:
+    # Triton's configuration is protobuf JSON, where a 64-bit number may be a string ("16").
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"failed to load '{name}': '{field}' must be a non-negative integer, got {str(value)[:40]!r}")
+    return value
+
+
+def overridden(config: ApiConfig, text: str) -> ApiConfig:
+    """`config` with the fields of a Triton model configuration (JSON `text`) that map onto it applied."""
+    name = config.name
+    try:
+        fields = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"failed to load '{name}': the 'config' parameter is not valid JSON: {exc}") from None
+    if not isinstance(fields, dict):
+        raise BadRequest(f"failed to load '{name}': the 'config' parameter must be a JSON object")
+    unknown = sorted(key for key in fields if key not in CONFIG_FIELDS)
+    if unknown:
+        raise BadRequest(
+            f"failed to load '{name}': modelserve cannot apply {', '.join(repr(k[:60]) for k in unknown[:10])} of a "
+            f"model configuration (it applies {', '.join(CONFIG_FIELDS)}; the rest is the project's modelserve.yaml)"
+        )
+    if fields.get("name", name) != name:
+        raise BadRequest(
+            f"failed to load '{name}': the configuration names another model, {str(fields['name'])[:60]!r}"
+        )
+    batching = config.batching
+    if "max_batch_size" in fields:
+        size = _count(fields["max_batch_size"], "max_batch_size", name)
+        if (size == 0) != (batching is None):
+            have = "does not batch" if batching is None else "batches"
+            raise BadRequest(
+                f"failed to load '{name}': max_batch_size {size} would turn batching {'on' if size else 'off'}, and "
+                f"the API {have} as its modelserve.yaml says (a batched Model class's predict takes a list)"
+            )
+        if batching is not None:
+            batching = replace(batching, max_batch_size=size)
+    if "dynamic_batching" in fields:
+        dynamic = fields["dynamic_batching"]
+        if not isinstance(dynamic, dict) or set(dynamic) - {"max_queue_delay_microseconds"}:
+            raise BadRequest(
+                f"failed to load '{name}': of 'dynamic_batching', modelserve applies max_queue_delay_microseconds only"
+            )
+        if batching is None:
+            raise BadRequest(f"failed to load '{name}': 'dynamic_batching' is for an API that batches")
+        if "max_queue_delay_microseconds" in dynamic:
+            delay = _count(dynamic["max_queue_delay_microseconds"], "max_queue_delay_microseconds", name)
+            batching = replace(batching, max_wait_ms=delay / 1000)
+    return replace(config, batching=batching)

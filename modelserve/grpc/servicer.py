@@ -34,7 +34,6 @@ from google.protobuf import json_format
 from modelserve.context import RequestContext, current, sane_request_id
 from modelserve.errors import BadRequest, ClientDisconnected, HTTPError, LoadError, NotFound, PayloadTooLarge
 from modelserve.grpc._proto import grpc_service_pb2 as pb
-from modelserve.grpc._proto import model_config_pb2 as config_pb
 from modelserve.grpc.codec import decode_infer, encode_infer
 from modelserve.http.auth import Access, ApiKeys
 from modelserve.http.errors import render
@@ -57,23 +56,12 @@ CODES = {
 }
 #: The methods a client may call without an API key (the probes).
 OPEN = frozenset({"ServerLive", "ServerReady"})
-#: ModelConfig's data_type of each V2 datatype.
-CONFIG_TYPES = {
-    "BOOL": "TYPE_BOOL",
-    "UINT8": "TYPE_UINT8",
-    "UINT16": "TYPE_UINT16",
-    "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64",
-    "INT8": "TYPE_INT8",
-    "INT16": "TYPE_INT16",
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "FP16": "TYPE_FP16",
-    "FP32": "TYPE_FP32",
-    "FP64": "TYPE_FP64",
-    "BF16": "TYPE_BF16",
-    "BYTES": "TYPE_STRING",
-}
+
+
+def _parameter(value: Any) -> Any:
+    """An InferParameter's value (a load's ``config`` is its string_param)."""
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice is not None else None
 
 
 def _metadata(context: Any) -> dict[str, str]:
@@ -220,22 +208,8 @@ class InferenceServicer:
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
         def make() -> Any:
-            model = self._ready_model(request.name, request.version)
-            signature = model.signature()
-            batching = model.api.config.batching
-            config = config_pb.ModelConfig(
-                name=model.name,
-                platform=signature.platform,
-                max_batch_size=batching.max_batch_size if batching is not None else 0,
-            )
-            for tensors, field in ((signature.inputs, config.input), (signature.outputs, config.output)):
-                for meta in tensors or ():
-                    field.add(
-                        name=meta.name,
-                        data_type=config_pb.DataType.Value(CONFIG_TYPES[meta.datatype]),
-                        dims=list(meta.shape or [-1]),
-                    )
-            return pb.ModelConfigResponse(config=config)
+            config = self._ready_model(request.name, request.version).model_config()
+            return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
 
         return await self._answer(context, "ModelConfig", request.name, make)
 
@@ -273,9 +247,10 @@ class InferenceServicer:
         name = request.model_name
         try:
             self._authorize(context, "RepositoryModel", None)
-            self.server.repository.check_parameters(action, name, request.parameters)
+            parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+            config = self.server.repository.requested_config(action, name, parameters)
             if action == "load":
-                await self.server.repository.load(name)
+                await self.server.repository.load(name, config)
             else:
                 await self.server.repository.unload(name)
         except LoadError as exc:

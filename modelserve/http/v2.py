@@ -127,6 +127,25 @@ def _header_length(text: str) -> int:
     return int(text)
 
 
+#: The data_type of Triton's model configuration of each V2 datatype.
+CONFIG_TYPES = {
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BF16": "TYPE_BF16",
+    "BYTES": "TYPE_STRING",
+}
+
+
 class V2Model(Exchange):
     """The V2 routes of one API: metadata, readiness, statistics, and inference over the exchange."""
 
@@ -169,6 +188,30 @@ class V2Model(Exchange):
             await send_error(send, self.api.not_ready(), request_id)
             return
         await send_json(send, 200, self.described(), request_id)
+
+    async def config(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = sane_request_id(_headers(scope)[0])
+        if not self.api.ready:
+            await send_error(send, self.api.not_ready(), request_id)
+            return
+        await send_json(send, 200, self.model_config(), request_id)
+
+    def model_config(self) -> dict[str, Any]:
+        """The model's configuration as Triton's model configuration states it (its JSON form): name, platform,
+        max_batch_size (0: the API does not batch) and tensors."""
+        signature = self.signature()
+        batching = self.api.config.batching
+        config: dict[str, Any] = {
+            "name": self.name,
+            "platform": signature.platform,
+            "max_batch_size": batching.max_batch_size if batching is not None else 0,
+        }
+        for key, tensors in (("input", signature.inputs), ("output", signature.outputs)):
+            config[key] = [
+                {"name": meta.name, "data_type": CONFIG_TYPES[meta.datatype], "dims": list(meta.shape or [-1])}
+                for meta in tensors or ()
+            ]
+        return config
 
     def described(self) -> dict[str, Any]:
         """The model's metadata, with every version its API serves."""
@@ -413,6 +456,9 @@ class V2Versions:
     async def stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.current().stats(scope, receive, send)
 
+    async def config(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.current().config(scope, receive, send)
+
     @writes_access_line
     async def infer(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.current().infer(scope, receive, send)
@@ -432,9 +478,11 @@ class V2Versions:
         if model is None:
             await self._unknown(scope, send, route)
             return
-        handler = {"": model.metadata, "ready": model.ready, "stats": model.stats}.get(route)
+        handler = {"": model.metadata, "ready": model.ready, "stats": model.stats, "config": model.config}.get(route)
         if handler is None:
-            error = NotFound(f"no V2 route at {scope['path']}; the model '{self.name}' has metadata, ready and stats")
+            error = NotFound(
+                f"no V2 route at {scope['path']}; the model '{self.name}' has metadata, ready, stats and config"
+            )
             await send_error(send, error, sane_request_id(_headers(scope)[0]))
             return
         await handler(scope, receive, send)
@@ -491,9 +539,9 @@ class V2Repository:
             parameters = _json_object(await read_body(receive, _SMALL_BODY, None)).get("parameters") or {}
             if not isinstance(parameters, dict):
                 raise BadRequest(f"failed to {action} '{name}': 'parameters' must be a JSON object")
-            self.repository.check_parameters(action, name, parameters)
+            config = self.repository.requested_config(action, name, parameters)
             if action == "load":
-                await self.repository.load(name)
+                await self.repository.load(name, config)
             else:
                 await self.repository.unload(name)
         except LoadError as exc:
@@ -551,6 +599,7 @@ def routes(server: ModelServer) -> list[Route]:
             table += [
                 Route(base, {"GET": model.metadata}),
                 Route(f"{base}/ready", {"GET": model.ready}),
+                Route(f"{base}/config", {"GET": model.config}),
                 Route(f"{base}/infer", {"POST": model.infer}),
                 Route(f"{base}/stats", {"GET": model.stats}),
             ]

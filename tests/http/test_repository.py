@@ -171,13 +171,31 @@ def test_a_load_picks_up_a_new_version_and_retires_the_old(explicit: tuple[str, 
     ("name", "body", "words"),
     [
         ("nothing", {}, "failed to load 'nothing', failed to poll from model repository"),
-        ("latest", {"parameters": {"config": "{}"}}, "failed to load 'latest': modelserve takes no 'config' parameter"),
+        ("latest", {"parameters": {"file:1/model.onnx": "AA=="}}, "modelserve takes no 'file:1/model.onnx' parameter"),
+        ("latest", {"parameters": {"config": "max_batch_size: 4"}}, "the 'config' parameter is not valid JSON"),
+        ("latest", {"parameters": {"config": '{"input": [], "platform": "x"}'}}, "cannot apply 'input', 'platform'"),
+        ("latest", {"parameters": {"config": '{"name": "other"}'}}, "the configuration names another model, 'other'"),
+        ("latest", {"parameters": {"config": '{"max_batch_size": 4}'}}, "max_batch_size 4 would turn batching on"),
+        ("latest", {"parameters": {"config": '{"max_batch_size": -1}'}}, "'max_batch_size' must be a non-negative"),
+        ("latest", {"parameters": {"config": '{"dynamic_batching": {}}'}}, "'dynamic_batching' is for an API that"),
+        ("latest", {"parameters": {"config": 4}}, "the 'config' parameter must be a string of JSON"),
     ],
 )
 def test_a_load_that_cannot_be_done_says_why(explicit: tuple[str, Path], name: str, body: Any, words: str) -> None:
     url, _ = explicit
     answer = httpx.post(f"{url}/v2/repository/models/{name}/load", json=body)
     assert answer.status_code == 400 and words in answer.json()["error"]
+
+
+def test_a_load_with_a_configuration_that_changes_nothing_reloads(explicit: tuple[str, Path]) -> None:
+    url, _ = explicit
+    config = '{"name": "every", "max_batch_size": "0"}'
+    answer = httpx.post(f"{url}/v2/repository/models/every/load", json={"parameters": {"config": config}})
+    assert answer.status_code == 200, answer.text
+    assert [infer_url(url, "every", version) for version in "123"] == [11.0, 12.0, 13.0]
+    assert httpx.get(f"{url}/v2/models/every/versions/2/config").json()["max_batch_size"] == 0
+    refused = httpx.post(f"{url}/v2/repository/models/every/unload", json={"parameters": {"config": "{}"}})
+    assert refused.status_code == 400 and "taken by a load only" in refused.json()["error"]
 
 
 def infer_url(url: str, name: str, version: str = "") -> float:
