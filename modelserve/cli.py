@@ -354,7 +354,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             print(f"modelserve: error: {exc}", file=sys.stderr)
             return EXIT_ADDRESS
-        server = uvicorn.Server(config)
+        from modelserve.http.websocket import going_away
+
+        model_server = app.server
+
+        class _ClosingServer(uvicorn.Server):
+            async def shutdown(self, sockets: list[Any] | None = None) -> None:
+                await going_away(model_server)  # WebSocket sessions get 1001 before uvicorn's 1012
+                await super().shutdown(sockets)
+
+        server = _ClosingServer(config)
 
         def stop(exc: Exception) -> None:
             failures.append(exc)

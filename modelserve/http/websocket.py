@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -60,12 +61,11 @@ PATH = "/v1/websocket"
 #: Truss's close reasons (truss_server.py), which its tests read.
 NOT_IMPLEMENTED = "WebSocket is not implemented on this deployment."
 MODEL_ERROR = "Internal Server Error (in model/chainlet)."
-#: Seconds ``/<api>/ws`` waits for its one message (the API's ``timeout`` when it has one).
-FIRST_MESSAGE_WAIT = 60.0
 #: The subprotocol a browser sends its API key in (it cannot set headers on a WebSocket).
 KEY_PROTOCOL = "bearer."
 #: Close codes (RFC 6455, section 7.4.1, and IANA's registry).
-NORMAL, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL, TRY_AGAIN = 1000, 1003, 1008, 1009, 1011, 1013
+NORMAL, GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL = 1000, 1001, 1003, 1008, 1009, 1011
+TRY_AGAIN = 1013
 
 
 class Forbidden(HTTPError):
@@ -139,25 +139,77 @@ async def serve(scope: Scope, receive: Receive, send: Send, table: RouteTable, g
     if refused is not None:
         await deny(scope, send, refused, request_id)
         return
-    await endpoint(scope, _bounded(receive, send, endpoint.__self__.api.config.max_body_size), send, request_id)
+    owner = endpoint.__self__
+    session = Session(receive, send, owner.api.config.max_body_size, owner.api.config.websocket_idle_timeout)
+    owner.sessions.add(session)
+    try:
+        await endpoint(scope, session, request_id)
+    finally:
+        owner.sessions.discard(session)
+        session.end()
 
 
-def _bounded(receive: Receive, send: Send, limit: int) -> Receive:
-    """A `receive` that closes the connection with 1009 on a message larger than `limit` bytes."""
+class Session:
+    """One connection's `receive` and `send`: a message larger than `limit` bytes closes it with 1009, and
+    `idle` seconds without a message either way close it with 1001 (noticed while the app waits for a message;
+    pings are the server's and do not count). `going_away` closes it with 1001 at the server's shutdown."""
 
-    async def bounded() -> Message:
-        message = await receive()
+    def __init__(self, receive: Receive, send: Send, limit: int, idle: float) -> None:
+        self._receive, self._send = receive, send
+        self.limit, self.idle = limit, idle
+        self.last = time.monotonic()
+        #: The server's `receive` in progress, kept across the waits that the idle bound cuts short.
+        self._pending: asyncio.Future[Message] | None = None
+        self.closed = False
+        #: Whether the server's shutdown closed the session.
+        self.gone = False
+
+    async def send(self, message: Message) -> None:
+        if self.closed and message["type"] != "websocket.accept":
+            if message["type"] == "websocket.close":
+                return
+            raise ConnectionResetError("the WebSocket is closed")  # what stops a stream once it was closed
+        if message["type"] == "websocket.close":
+            self.closed = True
+        self.last = time.monotonic()
+        await self._send(message)
+
+    async def receive(self) -> Message:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._receive())
+        while not self._pending.done():
+            left = self.last + self.idle - time.monotonic()
+            if left <= 0:
+                return await self._refuse(GOING_AWAY, f"no message for {self.idle:g} s (websocket_idle_timeout)")
+            await asyncio.wait((self._pending,), timeout=left)
+        message, self._pending = self._pending.result(), None
+        self.last = time.monotonic()
         if message["type"] == "websocket.receive":
             data = message.get("bytes")
             text = message.get("text")
             size = len(data) if data is not None else len(text.encode("utf-8")) if text is not None else 0
-            if size > limit:
-                reason = f"message larger than the limit of {limit} bytes"
-                await send({"type": "websocket.close", "code": TOO_BIG, "reason": reason})
-                return {"type": "websocket.disconnect", "code": TOO_BIG, "reason": reason}
+            if size > self.limit:
+                return await self._refuse(TOO_BIG, f"message larger than the limit of {self.limit} bytes")
         return message
 
-    return bounded
+    async def _refuse(self, code: int, reason: str) -> Message:
+        """Close with `code` (unless closed already); what the app receives instead of a message."""
+        if not self.closed:
+            self.closed = True
+            try:
+                await self._send({"type": "websocket.close", "code": code, "reason": reason})
+            except OSError:
+                pass  # the client is gone already
+        return {"type": "websocket.disconnect", "code": code, "reason": reason}
+
+    async def going_away(self) -> None:
+        """The server's shutdown: close with 1001 before the server's own close (uvicorn's is 1012)."""
+        self.gone = True
+        await self._refuse(GOING_AWAY, "the server is shutting down")
+
+    def end(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
 
 
 async def _close(websocket: WebSocket, code: int, reason: str = "") -> None:
@@ -184,13 +236,17 @@ def _close_code(error: BaseException) -> tuple[int, str]:
 class _Endpoint:
     """What both WebSocket routes share: the plain-HTTP answer, admission, the call, and the close."""
 
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: Api, sessions: Sessions) -> None:
         self.api = api
         self.access_log = access_writer()
+        self.sessions = sessions
 
-    def answered(self, scope: Scope, status: int, started: float, request_id: str) -> None:
+    def answered(self, scope: Scope, session: Session, status: int, started: float, request_id: str) -> None:
         """The connection's metrics and access line, when it ends: 101 (the handshake's status) for a session
-        that ended as it should, 499 when the client left in the middle of a call, else the error's status."""
+        that ended as it should, 499 when the client left in the middle of a call, 503 when the server's
+        shutdown closed it, else the error's status."""
+        if session.gone:
+            status = ServiceUnavailable.status_code
         seconds = time.perf_counter() - started
         self.api.metrics.answered(status, seconds)
         if self.access_log is not None:
@@ -202,7 +258,9 @@ class _Endpoint:
         error.headers["upgrade"] = "websocket"
         await send_error(send, error, request_headers(scope)[0])
 
-    async def _run(self, websocket: WebSocket, value: Any, ctx: RequestContext, **call: Any) -> tuple[Any, int]:
+    async def _run(
+        self, websocket: WebSocket, session: Session, value: Any, ctx: RequestContext, **call: Any
+    ) -> tuple[Any, int]:
         """One call of the API, admitted already: (its result, 101), or (`_FAILED`, the status it ended with)
         once a failure has closed the connection with its code."""
         try:
@@ -211,6 +269,9 @@ class _Endpoint:
             logger.info("api '%s': the client closed the WebSocket (request %s)", self.api.name, ctx.request_id)
             return _FAILED, exc.status_code
         except Exception as exc:
+            if session.closed:  # closed by the server (idle, shutdown) while user code still used it
+                logger.info("api '%s': WebSocket closed by the server (request %s)", self.api.name, ctx.request_id)
+                return _FAILED, ClientDisconnected.status_code
             return _FAILED, await _failed(websocket, exc, ctx.request_id)
 
     async def _admitted(self, scope: Scope, send: Send, request_id: str) -> bool:
@@ -237,49 +298,46 @@ async def _failed(websocket: WebSocket, exc: Exception, request_id: str) -> int:
 class TrussWebSocket(_Endpoint):
     """``/v1/websocket`` of a Truss API: its ``websocket`` method, or a close with 1003 when it has none."""
 
-    async def websocket(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
-        websocket = WebSocket(scope, receive, send)
+    async def websocket(self, scope: Scope, session: Session, request_id: str) -> None:
+        websocket = WebSocket(scope, session.receive, session.send)
         entry = getattr(self.api.backend, "entries", {}).get("websocket")
         if entry is None and self.api.ready:
             logger.error("api '%s': %s", self.api.name, NOT_IMPLEMENTED)
             await websocket.accept()
             await websocket.close(UNSUPPORTED, NOT_IMPLEMENTED)
             return
-        if not await self._admitted(scope, send, request_id):
+        if not await self._admitted(scope, session.send, request_id):
             return
         started = time.perf_counter()
         await websocket.accept(_key_protocol(scope))
         ctx = RequestContext(self.api.name, request_id)
         entry = self.api.backend.entries["websocket"]  # type: ignore[attr-defined]
-        result, status = await self._run(websocket, websocket, ctx, pipeline=entry)
+        result, status = await self._run(websocket, session, websocket, ctx, pipeline=entry)
         if result is not _FAILED or status == ClientDisconnected.status_code:  # a client's close ends a session
             await _close(websocket, NORMAL)
             status = SWITCHED
-        self.answered(scope, status, started, request_id)
+        self.answered(scope, session, status, started, request_id)
 
 
 class ApiWebSocket(_Endpoint):
     """``/<api>/ws``: one message in, the result (each chunk of a stream) out, then a close with 1000."""
 
-    async def websocket(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
-        websocket = WebSocket(scope, receive, send)
-        if not await self._admitted(scope, send, request_id):
+    async def websocket(self, scope: Scope, session: Session, request_id: str) -> None:
+        websocket = WebSocket(scope, session.receive, session.send)
+        if not await self._admitted(scope, session.send, request_id):
             return
         started = time.perf_counter()
         await websocket.accept(_key_protocol(scope))
         ctx = RequestContext(self.api.name, request_id)
         try:
-            message = await asyncio.wait_for(websocket.receive(), self.api.config.timeout or FIRST_MESSAGE_WAIT)
-        except asyncio.TimeoutError:
-            self.api.unadmit(0)
-            await _close(websocket, POLICY, "no message came")
-            return
+            message = await websocket.receive()  # a silent client is closed with 1001 (`Session`)
         except BaseException:
             self.api.unadmit(0)
             raise
         if message["type"] == "websocket.disconnect":
             self.api.unadmit(0)
             return
+        session.idle = math.inf  # the call's own bound is the API's timeout; a stream's chunks are sent as made
         text = message.get("text")
         if text is not None:
             try:
@@ -288,10 +346,10 @@ class ApiWebSocket(_Endpoint):
                 value = text
         else:
             value = message.get("bytes", b"")
-        result, status = await self._run(websocket, value, ctx, cancelled=_Closed(websocket))
+        result, status = await self._run(websocket, session, value, ctx, cancelled=_Closed(websocket))
         if result is not _FAILED:
             status = await self._answer(websocket, result, request_id)
-        self.answered(scope, status, started, request_id)
+        self.answered(scope, session, status, started, request_id)
 
     async def _answer(self, websocket: WebSocket, result: Any, request_id: str) -> int:
         """Send the result (each chunk of a stream), then close with 1000; the status the session ends with."""
@@ -346,8 +404,30 @@ def routes(server: ModelServer) -> list[Route]:
     with_method = [api for api in truss if "websocket" in getattr(api.backend, "endpoints", {})]
     if len(with_method) > 1:
         logger.warning("several APIs have a websocket method; /v1/websocket serves '%s'", with_method[0].name)
+    sessions = Sessions()
+    server.companions.append(sessions)
     if with_method or len(truss) == 1:
-        table.append(Route(PATH, {"GET": TrussWebSocket((with_method or truss)[0]).get}))
+        table.append(Route(PATH, {"GET": TrussWebSocket((with_method or truss)[0], sessions).get}))
     for api in realtime:
-        table.append(Route(f"/{api.name}/ws", {"GET": ApiWebSocket(api).get}))
+        table.append(Route(f"/{api.name}/ws", {"GET": ApiWebSocket(api, sessions).get}))
     return table
+
+
+class Sessions(set[Session]):
+    """The open WebSocket sessions of a server, a companion of it (`ModelServer.companions`): its `stop` closes
+    them with 1001, as `going_away` does before the HTTP server's own shutdown closes every connection."""
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self, grace: float | None = None) -> None:
+        for session in list(self):
+            await session.going_away()
+
+
+async def going_away(server: ModelServer) -> None:
+    """Close the server's open WebSocket sessions with 1001 (going away). The CLI calls it when its shutdown
+    begins, before uvicorn closes the connections that remain with 1012 (service restart)."""
+    for companion in server.companions:
+        if isinstance(companion, Sessions):
+            await companion.stop()

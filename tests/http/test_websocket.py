@@ -4,6 +4,7 @@ models as published (truss/tests/test_model_inference.py), and ``/<api>/ws`` of 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -358,3 +359,106 @@ def test_sessions_are_counted_in_the_api_s_metrics(server: Any) -> None:
     run(messages(ws_url(server, "/words/ws"), "a b", **AUTH))
     run(messages(ws_url(server, "/words/ws"), '"fail"', **AUTH))
     assert (counted("101"), counted("500")) == (ended + 1, failed + 1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Idle sessions, pings and shutdown
+
+
+def idle_project(root: Path, idle: float | None) -> Path:
+    """Truss's echo model at /v1/websocket and a streaming API at /words/ws, with `idle` as both APIs'
+    websocket_idle_timeout (None: the default)."""
+    bound = "" if idle is None else f"websocket_idle_timeout: {idle}"
+    return write_project(
+        root,
+        {
+            "config.yaml": "",
+            "model/model.py": (TRUSS / "websocket_endpoint" / "model" / "model.py").read_text(encoding="utf-8"),
+            "words.py": """
+                class Words:
+                    def predict(self, inputs):
+                        yield from inputs.split()
+            """,
+            "modelserve.yaml": f"""
+                apis:
+                  - name: model
+                    truss: config.yaml
+                    {bound}
+                  - name: words
+                    handler: {{path: words.py, class: Words}}
+                    {bound}
+            """,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def idle_server(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    served = start_server_module(idle_project(tmp_path_factory.mktemp("idle") / "project", 1.5))
+    served.wait_ready()
+    return served
+
+
+async def closed_after(socket: Any) -> tuple[int, str]:
+    """Receive until the server closes: its close code and reason."""
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await socket.recv()
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+def test_a_silent_truss_session_is_closed_with_1001(idle_server: Any) -> None:
+    async def exchange() -> tuple[str, tuple[int, str]]:
+        async with websockets.connect(ws_url(idle_server, "/v1/websocket")) as socket:
+            await socket.send("hello")
+            answer = await socket.recv()
+            return str(answer), await closed_after(socket)
+
+    answer, (code, reason) = run(exchange())
+    assert (answer, code) == ("hello pong", 1001)
+    assert "websocket_idle_timeout" in reason
+
+
+def test_a_session_waiting_for_its_message_is_closed_with_1001_and_gives_its_place_back(idle_server: Any) -> None:
+    async def exchange() -> tuple[int, str]:
+        async with websockets.connect(ws_url(idle_server, "/words/ws")) as socket:
+            return await closed_after(socket)
+
+    code, reason = run(exchange())
+    assert code == 1001 and "websocket_idle_timeout" in reason
+    assert run(messages(ws_url(idle_server, "/words/ws"), "a b"))[:2] == (["a", "b"], 1000)
+
+
+def test_pings_are_answered_and_do_not_count_as_messages(idle_server: Any) -> None:
+    async def exchange() -> tuple[int, int]:
+        pongs = 0
+        async with websockets.connect(ws_url(idle_server, "/v1/websocket"), ping_interval=None) as socket:
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await (await socket.ping())  # the pong came back
+                    pongs += 1
+                    await asyncio.sleep(0.1)
+        assert closed.value.rcvd is not None
+        return pongs, closed.value.rcvd.code
+
+    pongs, code = run(exchange())
+    assert pongs >= 1 and code == 1001
+
+
+def test_the_server_s_shutdown_closes_open_sessions_with_1001(start_server: Any, tmp_path: Path) -> None:
+    served = start_server(idle_project(tmp_path / "project", None))
+    served.wait_ready()
+
+    async def exchange() -> list[tuple[int, str]]:
+        async with (
+            websockets.connect(ws_url(served, "/v1/websocket")) as truss,
+            websockets.connect(ws_url(served, "/words/ws")) as waiting,
+        ):
+            await truss.send("hello")
+            assert await truss.recv() == "hello pong"
+            served.process.send_signal(signal.SIGTERM)
+            return [await closed_after(truss), await closed_after(waiting)]
+
+    assert run(exchange()) == [(1001, "the server is shutting down")] * 2
+    assert served.wait_exit() == 0
