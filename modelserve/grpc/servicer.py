@@ -7,7 +7,8 @@ HTTP routes, an inference through `Api.call` like any other.
     ServerMetadata                              name "modelserve", its version and the extensions
     ModelReady, ModelMetadata, ModelConfig      one model (a realtime API): ready, its tensors, its config
     ModelInfer                                  an inference: raw_input_contents or typed contents
-    ModelStreamInfer                            a stream of inferences, answered in order
+    ModelStreamInfer                            a stream of inferences, answered in order (one response per
+                                                chunk of a generating API)
     ModelStatistics                             the statistics extension, as over HTTP
     RepositoryIndex, RepositoryModelLoad/Unload the model repository (`modelserve.repository`)
 
@@ -31,6 +32,7 @@ import grpc
 import orjson
 from google.protobuf import json_format
 
+from modelserve.api import Stream
 from modelserve.context import RequestContext, current, sane_request_id
 from modelserve.errors import BadRequest, ClientDisconnected, HTTPError, LoadError, NotFound, PayloadTooLarge
 from modelserve.grpc._proto import grpc_service_pb2 as pb
@@ -97,6 +99,27 @@ class RpcEnded:
 
         self.context.add_done_callback(done)
         return lambda: live.__setitem__(0, False)
+
+
+async def _next_chunk(stream: Stream) -> Any:
+    # The request's context for the user code only: the stream's own generator may be closed from another task.
+    token = current.set(stream.ctx)
+    try:
+        return await stream.next()
+    finally:
+        current.reset(token)
+
+
+class _Chunks:
+    """A generating API's call, streamed by ModelStreamInfer: the model, the request and the API's stream."""
+
+    __slots__ = ("model", "decoded", "stream", "started")
+
+    def __init__(self, model: V2Model, decoded: Any, stream: Stream, started: float) -> None:
+        self.model = model
+        self.decoded = decoded
+        self.stream = stream
+        self.started = started
 
 
 class InferenceServicer:
@@ -270,18 +293,54 @@ class InferenceServicer:
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         """Each request of the stream answered in turn; a request that fails is answered with its error and the
-        stream goes on, as Triton does."""
+        stream goes on, as Triton does. A generating API (its predict yields) answers one response per chunk,
+        as a Triton decoupled model does."""
         async for request in requests:
             request_id = sane_request_id(request.id or None)
             try:
-                answer = await self._infer(request, context, request_id)
+                answer = await self._infer(request, context, request_id, streaming=True)
             except HTTPError as exc:
-                _, body, _ = render(exc, request_id)
-                yield pb.ModelStreamInferResponse(error_message=orjson.loads(body)["error"])
+                yield self._stream_error(exc, request_id)
+                continue
+            if isinstance(answer, _Chunks):
+                async for response in self._chunks(answer, request_id):
+                    yield response
             else:
                 yield pb.ModelStreamInferResponse(infer_response=answer)
 
-    async def _infer(self, request: Any, context: Any, request_id: str) -> Any:
+    @staticmethod
+    def _stream_error(exc: HTTPError, request_id: str) -> Any:
+        _, body, _ = render(exc, request_id)
+        return pb.ModelStreamInferResponse(error_message=orjson.loads(body)["error"])
+
+    async def _chunks(self, chunks: _Chunks, request_id: str) -> AsyncIterator[Any]:
+        """One response per chunk of a generating API's stream; an error ends the stream with its message."""
+        model, decoded, stream = chunks.model, chunks.decoded, chunks.stream
+        status = 200
+        try:
+            while True:
+                chunk = await _next_chunk(stream)
+                if chunk is Stream.END:
+                    break
+                try:
+                    outputs = model.outputs(chunk, decoded)
+                    response = encode_infer(model.name, model.version, decoded, outputs)
+                except TypeError as exc:
+                    raise model.not_encoded(stream.ctx, exc) from None
+                yield pb.ModelStreamInferResponse(infer_response=response)
+        except HTTPError as exc:
+            status = exc.status_code
+            yield self._stream_error(exc, request_id)
+        except asyncio.CancelledError:
+            status = ClientDisconnected.status_code
+            raise
+        finally:
+            await stream.aclose()
+            model.api.metrics.answered(status, time.perf_counter() - chunks.started)
+
+    async def _infer(self, request: Any, context: Any, request_id: str, streaming: bool = False) -> Any:
+        """The answer of one inference; with `streaming`, a generating API's `_Chunks` (whose end the caller
+        records in the metrics)."""
         started = time.perf_counter()
         model = self.model(request.model_name, request.model_version)
         api = model.api
@@ -303,6 +362,15 @@ class InferenceServicer:
                 api.unadmit(size)
                 raise
             result = await model.call_model(decoded, ctx, cancelled=RpcEnded(context), admitted=size)
+            if isinstance(result, Stream):
+                if streaming:
+                    status = 0  # answered when the stream ends (`_chunks`)
+                    return _Chunks(model, decoded, result, started)
+                await result.aclose()
+                raise BadRequest(
+                    f"the model '{model.name}' generates (its predict yields): call ModelStreamInfer, which answers "
+                    "one response per chunk"
+                )
             try:
                 outputs = model.outputs(result, decoded)
                 return encode_infer(model.name, model.version, decoded, outputs)
@@ -320,4 +388,5 @@ class InferenceServicer:
             raise HTTPError() from exc
         finally:
             current.reset(token)
-            api.metrics.answered(status, time.perf_counter() - started)
+            if status:
+                api.metrics.answered(status, time.perf_counter() - started)
