@@ -24,7 +24,7 @@ PROJECT = """
 apis:
   - name: mixed
     handler: {path: model.py, class: Tags}
-    batching: {max_batch_size: 4, max_wait_ms: 600000}
+    batching: {max_batch_size: 4, max_wait_ms: 600000}  # a batch runs when full; the clients give up after 60 s
 """
 
 MODEL = """
@@ -60,7 +60,7 @@ async def _both(url: str, address: str) -> tuple[list[list[int]], list[list[int]
     async def over_grpc(tag: int) -> list[int]:
         tensor = aioclient.InferInput("tag", [1], "INT32")
         tensor.set_data_from_numpy(np.array([tag], np.int32))
-        return [int(v) for v in (await grpc_client.infer("mixed", [tensor])).as_numpy("batch")]
+        return [int(v) for v in (await grpc_client.infer("mixed", [tensor], client_timeout=60)).as_numpy("batch")]
 
     async def over_http(client: httpx.AsyncClient, tag: int) -> list[int]:
         body = {"inputs": [{"name": "tag", "datatype": "INT32", "shape": [1], "data": [tag]}]}
