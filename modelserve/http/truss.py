@@ -5,6 +5,7 @@
     POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /v1/responses
                                   the class's method of that name (listed by `modelserve.http.openai`)
     POST /v1/models/<api>:predict  the API's predict (its realtime route under Truss's path)
+    POST /v1/models/<api>:predict_binary  the same call, by Truss's other name
     GET  /ping                     SageMaker's readiness: {} once the API has loaded, else 503
     POST /invocations              SageMaker's call: the API's predict
 
@@ -16,8 +17,12 @@ worker thread or async on the loop. A generator streams, chunk by chunk; a clien
 with the method's own pipeline (`TrussModelClassBackend.entries`): the API's line, concurrency slot, timeout,
 cancellation, metrics and access line, and the guard (API keys, CORS, the Host check) in front.
 
-``:predict``, ``/ping`` and ``/invocations`` are served for APIs that follow a Truss config (a Truss folder,
-or ``truss:`` in modelserve.yaml); ``/ping`` and ``/invocations`` when the project has one realtime API.
+``:predict``, ``:predict_binary`` and ``/invocations`` take a body sent as ``application/octet-stream`` as Truss's
+msgpack and answer it in msgpack (`modelserve.http._truss_binary`, the ``truss-binary`` extra), as Truss does.
+
+``:predict``, ``:predict_binary``, ``/ping`` and ``/invocations`` are served for APIs that follow a Truss config
+(a Truss folder, or ``truss:`` in modelserve.yaml); ``/ping`` and ``/invocations`` when the project has one
+realtime API.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from modelserve.api import Api, Stream
-from modelserve.codecs import decode_payload, encode_json
+from modelserve.codecs import BYTES_TYPE, decode_payload, encode_json
 from modelserve.context import RequestContext, new_request_id, sane_request_id
+from modelserve.errors import EncodeError
+from modelserve.http import _truss_binary
 from modelserve.http._asgi import request_headers, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.exchange import Exchange, Head, exchange_route, replayed_request
@@ -100,14 +108,41 @@ class TrussMethod(Exchange):
     post = exchange_route()
 
 
-class TrussPredict(RealtimeEndpoint):
+class _TrussBinary(RealtimeEndpoint):
+    """The realtime route as Truss's predict answers: a body sent as ``application/octet-stream`` is Truss's
+    msgpack (`modelserve.http._truss_binary`), and so is the answer to it (a stream excepted); any other body
+    is decoded as the native route decodes it."""
+
+    def decode(self, body: bytes, head: Head, ctx: RequestContext) -> Any:
+        if _truss_binary.is_binary(head[1]):
+            return _truss_binary.loads(body)
+        return decode_payload(head[1], body)
+
+    def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
+        if _truss_binary.is_binary(head[1]) and not isinstance(result, (Stream, Response)):
+            try:
+                return _truss_binary.dumps(result), BYTES_TYPE, None
+            except EncodeError as exc:
+                raise self._not_encoded(ctx, exc) from None
+        if type(result) is dict:
+            return encode_json(result)
+        return self._answer(result, head, ctx)
+
+
+class TrussPredict(_TrussBinary):
     """``POST /v1/models/<api>:predict``: the realtime route under Truss's path (a function of its own, so that
     the OpenAPI document lists it apart from ``POST /<api>``)."""
 
     post = exchange_route()
 
 
-class Invocations(RealtimeEndpoint):
+class TrussPredictBinary(_TrussBinary):
+    """``POST /v1/models/<api>:predict_binary``: Truss's name for the same call, for clients that send msgpack."""
+
+    post = exchange_route()
+
+
+class Invocations(_TrussBinary):
     """``POST /invocations``: the realtime route under SageMaker's path."""
 
     post = exchange_route()
@@ -132,7 +167,10 @@ def routes(server: ModelServer) -> list[Route]:
     """``/v1/models/<api>:predict`` of each Truss API, and SageMaker's routes of a lone one."""
     realtime = [api for api in server.apis.values() if api.config.kind == "realtime"]
     truss = [api for api in realtime if api.config.truss is not None]
-    table = [Route(f"/v1/models/{api.name}:predict", {"POST": TrussPredict(api).post}) for api in truss]
+    table = []
+    for api in truss:
+        table.append(Route(f"/v1/models/{api.name}:predict", {"POST": TrussPredict(api).post}))
+        table.append(Route(f"/v1/models/{api.name}:predict_binary", {"POST": TrussPredictBinary(api).post}))
     if len(realtime) == 1 and truss:
         sagemaker = SageMaker(truss[0])
         own: list[tuple[str, dict[str, Handler]]] = [

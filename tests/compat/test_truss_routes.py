@@ -198,3 +198,86 @@ def test_a_class_with_websocket_and_predict_is_refused_at_load(start_server: Any
     server = start_server(DATA / "raise_predict_and_websocket_endpoint")
     assert server.wait_exit(60) != 0
     assert "cannot have both" in server.log
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Truss's binary predict: msgpack in and out (the layout of truss/templates/shared/serialization.py and
+# msgpack-numpy, written out here by hand as a Truss client's packb sends it)
+
+BINARY = {
+    "config.yaml": "model_name: binary",
+    "model/model.py": """
+        import numpy as np
+
+
+        class Model:
+            def predict(self, inputs):
+                array = inputs["array"]
+                return {"when": inputs["when"], "id": inputs["id"], "sum": array.sum(), "doubled": array * 2}
+    """,
+}
+OCTET = {"content-type": "application/octet-stream"}
+
+
+def nd(values: list[float]) -> dict[bytes, Any]:
+    import numpy as np
+
+    array = np.asarray(values, dtype="<f8")
+    return {b"nd": True, b"type": "<f8", b"kind": b"", b"shape": [len(values)], b"data": array.tobytes()}
+
+
+@pytest.fixture(scope="module")
+def binary_server(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    served = start_server_module(write_project(tmp_path_factory.mktemp("binary") / "truss", BINARY))
+    served.wait_ready()
+    return served
+
+
+@pytest.mark.parametrize("path", ["/v1/models/binary:predict_binary", "/v1/models/binary:predict", "/invocations"])
+def test_an_octet_stream_body_is_truss_s_msgpack_and_so_is_the_answer(binary_server: Any, path: str) -> None:
+    import msgpack
+    import numpy as np
+
+    when = {b"__dt_datetime_iso__": True, b"data": "2024-05-01T12:00:00Z"}
+    ident = {b"__uuid__": True, b"data": "12345678-1234-5678-1234-567812345678"}
+    body = msgpack.packb({"array": nd([1.0, 2.0, 3.5]), "when": when, "id": ident})
+    response = httpx.post(binary_server.url + path, content=body, headers=OCTET)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/octet-stream"
+    answer = msgpack.unpackb(response.content)
+    assert answer["when"] == when and answer["id"] == ident
+    assert answer["sum"] == 6.5  # a NumPy float is a float to msgpack, as in Truss
+    doubled = answer["doubled"]
+    assert (doubled[b"type"], doubled[b"shape"]) == ("<f8", [3])
+    assert np.frombuffer(doubled[b"data"], "<f8").tolist() == [2.0, 4.0, 7.0]
+
+
+def test_predict_binary_answers_json_to_json(start_server: Any, tmp_path: Path) -> None:
+    served = start_server(write_project(tmp_path / "truss", {**BINARY, "model/model.py": ECHO}))
+    served.wait_ready()
+    response = httpx.post(served.url + "/v1/models/binary:predict_binary", json={"a": [1, 2]})
+    assert (response.status_code, response.json()) == (200, {"echo": {"a": [1, 2]}})
+
+
+ECHO = """
+class Model:
+    def predict(self, inputs):
+        return {"echo": inputs}
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b"\xc1not msgpack", "msgpack"),
+        ({"array": {**nd([1.0, 2.0]), b"shape": [3]}, "when": None, "id": None}, "shape"),
+        ({"array": {**nd([1.0]), b"type": "|O8"}, "when": None, "id": None}, "dtype"),
+    ],
+)
+def test_a_bad_binary_body_is_a_400_naming_what_is_wrong(binary_server: Any, body: Any, named: str) -> None:
+    import msgpack
+
+    content = body if isinstance(body, bytes) else msgpack.packb(body)
+    response = httpx.post(binary_server.url + "/v1/models/binary:predict_binary", content=content, headers=OCTET)
+    assert response.status_code == 400
+    assert named in response.json()["error"]
