@@ -4,12 +4,16 @@ argv[3] (JSON: ``[method, path, body or null, headers]``) sent through Ray's HTT
 
 Prints one JSON line, ``RESULT {...}``: each answer's status, content type and body; the process ids that
 ``POST /who`` answered from (at most 60 tries to see two); and an async job's end, when the project has one.
+With argv[4] (JSON ``{"marker": path, "jobs": n, "started": folder}``), also how a stream ended in its replica
+once its client left, and, after the replica running the first of n slow jobs was killed with ``ray.kill``,
+the replicas, which processes started each job, and the end of every job.
 Not a test itself (pytest collects ``test_*.py`` only).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -71,11 +75,92 @@ def main() -> None:
             phases["requests"] = time.monotonic() - started
             result["metrics"] = exported_replicas(client)
             phases["metrics"] = time.monotonic() - started
+            if len(sys.argv) > 4:  # the checks of a replica's failures: a client that leaves, a replica killed
+                checks = json.loads(sys.argv[4])
+                result["stream_end"] = disconnect_from_stream(checks["marker"])
+                phases["disconnect"] = time.monotonic() - started
+                result.update(kill_a_replica_running_a_job(client, checks["jobs"], checks["started"]))
+                phases["kill"] = time.monotonic() - started
         result["phases"] = phases  # seconds since the start, for a reader of a slow run
         print("RESULT " + json.dumps(result), flush=True)
     finally:
         ray.shutdown()  # the replicas and the proxy with it (and whatever is left, with the namespace)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def disconnect_from_stream(marker: str) -> str:
+    """Read the first chunk of ``POST /drip`` and close the connection; return what the stream's generator
+    wrote into `marker` when it ended in the replica (``closed``: the disconnect closed it)."""
+    with httpx.Client(base_url=PROXY, timeout=30) as streaming:
+        with streaming.stream("POST", "/drip", json={"marker": marker}) as answer:
+            next(answer.iter_raw())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(marker, encoding="utf-8") as file:
+                return file.read()
+        except FileNotFoundError:
+            time.sleep(0.1)
+    return "still running"
+
+
+def replica_actors() -> set[str]:
+    return {
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith("SERVE_REPLICA::")
+    }
+
+
+def kill_a_replica_running_a_job(client: httpx.Client, count: int, started: str) -> dict[str, object]:
+    """Submit `count` slow jobs (each writes the process id that starts it into a file of `started`), kill
+    the replica that runs the first to start (``ray.kill``: no shutdown, no release of its jobs), then wait
+    until Ray replaced it and every accepted job ended; polls that reach no replica are retried."""
+    ids = []
+    for index in range(count):
+        answer = client.post("/job", json={"text": str(index), "sleep": 1, "started": started})
+        answer.raise_for_status()
+        ids.append(answer.json()["id"])
+    before = replica_actors()
+    deadline = time.monotonic() + 90
+    while not os.listdir(started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(os.path.join(started, sorted(os.listdir(started))[0]), encoding="utf-8") as file:
+        running_pid = int(file.readline())
+    pids = {
+        name: ray.get(ray.get_actor(name, namespace="serve").__ray_call__.remote(lambda _: os.getpid()))
+        for name in before
+    }
+    (victim,) = [name for name, pid in pids.items() if pid == running_pid]
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    ends: dict[str, object] = {}
+    deadline = time.monotonic() + 90
+    while len(ends) < len(ids) and time.monotonic() < deadline:
+        for job_id in ids:
+            if job_id in ends:
+                continue
+            try:
+                answer = client.get(f"/job/{job_id}")
+            except httpx.TransportError:
+                continue
+            if answer.status_code == 200 and answer.json()["status"] not in ("in_queue", "in_progress"):
+                ends[job_id] = answer.json()
+        time.sleep(0.2)
+    replicas = replica_actors()
+    while (victim in replicas or len(replicas) < len(before)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        replicas = replica_actors()
+    starts = {}
+    for name in os.listdir(started):
+        with open(os.path.join(started, name), encoding="utf-8") as file:
+            starts[name] = [int(line) for line in file]
+    return {
+        "killed": victim,
+        "killed_pid": running_pid,
+        "starts": starts,
+        "replicas_after": sorted(replicas),
+        "jobs": [ends.get(job_id, {"id": job_id, "status": "lost"}) for job_id in ids],
+    }
 
 
 def exported_replicas(client: httpx.Client) -> list[str]:

@@ -29,6 +29,7 @@ REDIS_PORT = 6399  # inside the test's own network namespace, where nothing else
 
 MODEL = """
 import os
+import time
 
 class Who:
     def predict(self, inputs):
@@ -42,15 +43,34 @@ class Tokens:
     def predict(self, inputs):
         for index in range(3):
             yield f"t{index} "
+
+class Drip:
+    def predict(self, inputs):
+        ended = "finished"
+        try:
+            for index in range(400):
+                yield f"{index} "
+                time.sleep(0.05)
+        except GeneratorExit:
+            ended = "closed"
+            raise
+        finally:
+            with open(inputs["marker"], "w") as file:
+                file.write(ended)
 """
 JOBS = """
 import os
+import time
 
 class Handler:
     def __init__(self, config):
         pass
 
     def handle_async(self, payload, request_id):
+        if "started" in payload:  # a folder: which process started the job, once per attempt
+            with open(os.path.join(payload["started"], payload["text"]), "a") as file:
+                file.write(f"{os.getpid()}\\n")
+        time.sleep(payload.get("sleep", 0))
         return {"pid": os.getpid(), "text": payload["text"]}
 """
 
@@ -62,6 +82,7 @@ def project_yaml(store: str) -> str:
       - {{name: who, handler: {{path: model.py, class: Who}}, max_body_size: 100, max_concurrency: 2}}
       - {{name: boom, handler: {{path: model.py, class: Boom}}}}
       - {{name: tokens, handler: {{path: model.py, class: Tokens}}, max_queue_length: 7}}
+      - {{name: drip, handler: {{path: model.py, class: Drip}}}}
       - {{name: job, kind: async, handler: {{path: jobs.py, class: Handler}}}}
     """
 
@@ -74,11 +95,11 @@ def project(tmp_path: Path) -> Path:
 
 def test_plan_derives_ray_options_from_the_project(project: Path) -> None:
     result = plan({"project": str(project), "num_replicas": "2", "ray_actor_options": '{"num_cpus": 0.5}'})
-    # who: 2 + 100, boom: 1 + 100, tokens: 1 + 7, job: 1 + 100 (the default limits of modelserve.yaml)
+    # who: 2 + 100, boom: 1 + 100, tokens: 1 + 7, drip: 1 + 100, job: 1 + 100 (modelserve.yaml's default limits)
     assert result.options == {
         "num_replicas": 2,
         "ray_actor_options": {"num_cpus": 0.5},
-        "max_ongoing_requests": 312,
+        "max_ongoing_requests": 413,
         "graceful_shutdown_timeout_s": DEFAULT_GRACE,
     }
     assert result.project == str(project.resolve())
@@ -171,11 +192,16 @@ def _without_request_id(text: str) -> Any:
 
 @pytest.mark.slow
 def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_server: Any) -> None:
+    """One Ray instance for every check (Ray's start is most of the time): the answers, both replicas serving
+    and exporting metrics, an async job; then a client that leaves a stream (the replica's generator is
+    closed) and a replica killed with ``ray.kill`` while jobs are accepted (replaced, no job lost)."""
     pytest.importorskip("ray.serve", reason='Ray Serve is the "ray" extra (the dev extra installs it)')
     if os.geteuid() != 0 or not _namespaces_work():
         pytest.skip("Ray runs in a private network namespace here (unshare as root), and none can be made")
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (scripts/test installs it)")
+    started = project.parent / "started"
+    started.mkdir()
     redis = f"redis-server --port {REDIS_PORT} --bind 127.0.0.1 --save '' --appendonly no --daemonize yes"
     script = f'ip link set lo up && {redis} >/dev/null && exec "$0" "$@"'
     run = subprocess.run(
@@ -186,6 +212,7 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
             str(project),
             json.dumps({"num_replicas": 2, "metrics_interval_s": 1}),
             json.dumps(REQUESTS),
+            json.dumps({"marker": str(project.parent / "drip-ended"), "jobs": 6, "started": str(started)}),
         ],
         capture_output=True,
         text=True,
@@ -200,6 +227,14 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
     assert len(result["metrics"]) == 2  # and the metrics of each reached Ray's metrics export
     assert result["job"]["status"] == "completed", result["job"]  # submitted, run and polled through the proxy
     assert result["job"]["result"]["text"] == "x"
+    assert result["stream_end"] == "closed"  # the client left: Ray's proxy and modelserve closed the stream
+    # a replica killed while it ran a job and more were accepted: Ray replaced it, and every job ran to its end
+    assert result["killed"] not in result["replicas_after"] and len(result["replicas_after"]) == 2, result
+    assert [job["status"] for job in result["jobs"]] == ["completed"] * 6, result["jobs"]
+    assert [job["result"]["text"] for job in result["jobs"]] == [str(index) for index in range(6)]
+    interrupted = [job for job in result["jobs"] if result["starts"][job["result"]["text"]][0] == result["killed_pid"]]
+    assert interrupted, result  # the killed replica was running one: it was requeued when its lease expired
+    assert all(job["result"]["pid"] != result["killed_pid"] for job in interrupted)  # and run by a replica alive
 
     direct = start_server(project, "--jobs-store", "memory")  # python -m modelserve, the same project
     direct.wait_ready()
