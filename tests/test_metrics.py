@@ -498,7 +498,7 @@ def test_a_real_prometheus_scrapes_it_cleanly_with_exemplars(tmp_path: Path, sta
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        query = {
+        query: dict[str, Any] = {
             "query": "modelserve_request_duration_seconds_bucket",
             "start": time.time() - 600,
             "end": time.time() + 600,

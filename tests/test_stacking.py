@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -68,6 +69,10 @@ def test_a_model_that_becomes_slow_is_batched_again() -> None:
     assert not choice.unbatched()
 
 
+async def awaited(call: Awaitable[Any]) -> Any:
+    return await call
+
+
 def test_the_step_counts_what_it_chose() -> None:
     run = measured("run", 20e-6)
     choice = BatchChoice(run, [])
@@ -79,9 +84,9 @@ def test_the_step_counts_what_it_chose() -> None:
         return "batched"
 
     step = choice.step(unbatched, batched)
-    assert asyncio.run(step(1, None, None)) == "unbatched"
+    assert asyncio.run(awaited(step(1, None, None))) == "unbatched"
     run.seed(0.01)
-    assert asyncio.run(step(1, None, None)) == "batched"
+    assert asyncio.run(awaited(step(1, None, None))) == "batched"
     assert (choice.unbatched_requests, choice.batched_requests) == (1, 1)
 
 

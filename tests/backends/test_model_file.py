@@ -87,6 +87,7 @@ def run_both(client: TestClient, api: str, value: Any, tensors: bool = False) ->
             except Exception as exc:
                 return exc
 
+        assert client.portal is not None
         outcomes.append(client.portal.call(call))
     return outcomes
 

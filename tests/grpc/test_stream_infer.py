@@ -104,7 +104,7 @@ def test_an_async_generator_streams_and_a_failure_ends_its_request_only(urls: tu
     assert len(got) == 6
     values = [int(result.as_numpy("i")[0]) if error is None else str(error) for result, error in got]
     assert values[:4] == [0, 1, 0, 1] and values[5] == 0
-    assert "user code failed" in values[4]  # the 500 of user code, as over HTTP
+    assert "user code failed" in str(values[4])  # the 500 of user code, as over HTTP
     metrics = httpx.get(f"{url}/metrics").text
     assert re.search(r'^modelserve_requests_total\{api="count",code="500"\} 1\.0$', metrics, re.M), metrics
 

@@ -410,7 +410,11 @@ def test_the_refusals_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) ->
         refusals.note(("127.0.0.1", port), 0.0)  # long ago: their pauses are over
     refusals.note(("127.0.0.1", 9), 1e12)
     assert list(refusals.at) == [("127.0.0.1", 9)]
-    assert isinstance(EdgeLimits(lambda *a: None, TransportLimits()).refusals, _Refusals)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    assert isinstance(EdgeLimits(app, TransportLimits()).refusals, _Refusals)
 
 
 @pytest.mark.parametrize(

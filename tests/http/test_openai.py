@@ -12,6 +12,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import write_project
 
@@ -124,7 +125,7 @@ def client(server: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
 
 
-def user(text: str) -> list[dict[str, str]]:
+def user(text: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": text}]
 
 
