@@ -462,3 +462,30 @@ def test_the_server_s_shutdown_closes_open_sessions_with_1001(start_server: Any,
 
     assert run(exchange()) == [(1001, "the server is shutting down")] * 2
     assert served.wait_exit() == 0
+
+
+def test_the_model_server_s_close_closes_open_sessions_with_1001(tmp_path: Path, monkeypatch: Any) -> None:
+    """Another ASGI server: the lifespan's shutdown (`ModelServer.close`) closes the sessions still open."""
+    import uvicorn
+
+    import modelserve
+    from tests.conftest import free_port
+
+    monkeypatch.chdir(tmp_path)  # create_app moves into the project folder; back where the test began after it
+    app = modelserve.create_app(idle_project(tmp_path / "project", None))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+
+    async def exchange() -> tuple[int, str]:
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        await app.server.wait_loaded()
+        async with websockets.connect(f"ws://127.0.0.1:{port}/words/ws") as waiting:
+            await app.server.close()
+            closed = await closed_after(waiting)
+        server.should_exit = True
+        await serving
+        return closed
+
+    assert run(exchange()) == (1001, "the server is shutting down")
