@@ -194,7 +194,7 @@ def server(start_server_module: Any, project: Path) -> Any:
     return served
 
 
-AUTH = {"additional_headers": {"Authorization": f"Bearer {KEY}"}}
+AUTH: dict[str, Any] = {"additional_headers": {"Authorization": f"Bearer {KEY}"}}
 
 
 def test_a_stream_is_one_message_per_chunk_then_a_close_1000(server: Any) -> None:
