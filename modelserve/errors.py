@@ -10,8 +10,12 @@
           one ``{loc, msg, type}`` per failing field (`modelserve.schema.invalid_body`).
         * `Unauthorized` (401, ``WWW-Authenticate: Bearer``): the route needs an API key and the request
           carries none, or a wrong one.
+        * `Forbidden` (403): a WebSocket handshake from an origin or host that may not open one.
         * `NotFound` (404), `MethodNotAllowed` (405), `Conflict` (409), `PayloadTooLarge` (413).
             * `DuplicateJob` (409): a job with this id exists.
+        * `BodyTimeout` (408): a body that did not come within ``--body-timeout`` (the granian edge's answer).
+        * `MsgpackMissing` (415): a Truss binary body, and msgpack is not installed (the message holds the pip
+          command).
         * `ServiceUnavailable` (503, ``Retry-After``): not ready, shutting down, or full.
             * `QueueFull`: too many requests wait for this API.
             * `JobQueueFull`: too many jobs wait for this API.
@@ -105,6 +109,11 @@ class Unauthorized(HTTPError):
         super().__init__(message, headers={"www-authenticate": "Bearer"})
 
 
+class Forbidden(HTTPError):
+    status_code = 403
+    default_message = "forbidden"
+
+
 class NotFound(HTTPError):
     status_code = 404
     default_message = "not found"
@@ -131,9 +140,23 @@ class DuplicateJob(Conflict):
         super().__init__(f"a job with id {job_id!r} already exists; send another X-Request-ID")
 
 
+class BodyTimeout(HTTPError):
+    """The request's body did not come within ``--body-timeout`` (granian's edge; uvicorn's closes at once)."""
+
+    status_code = 408
+    default_message = "the request body did not come within the body timeout"
+
+
 class PayloadTooLarge(HTTPError):
     status_code = 413
     default_message = "request body too large"
+
+
+class MsgpackMissing(HTTPError):
+    """A Truss binary (msgpack) body, and msgpack is not installed."""
+
+    status_code = 415
+    default_message = f"this server cannot read msgpack bodies: {install_hint('truss-binary')}"
 
 
 class ServiceUnavailable(HTTPError):

@@ -154,7 +154,7 @@ _DEPLOYMENT_KEYS = (
 )
 
 
-class ArgumentsError(ConfigError, click.ClickException):
+class _ArgumentsError(ConfigError, click.ClickException):
     """A `ConfigError` of `app`: ``serve run`` (a click command) prints its message on one line, where any other
     exception would be a traceback."""
 
@@ -258,7 +258,7 @@ def app(args: Mapping[str, Any]) -> Any:
     try:
         deployment_plan = plan(args)
     except ConfigError as exc:
-        raise ArgumentsError(str(exc)) from None
+        raise _ArgumentsError(str(exc)) from None
     serve = _serve()
     ingress = serve.ingress()(Replica)
     deployment = serve.deployment(ingress, name=deployment_plan.name, **deployment_plan.options)

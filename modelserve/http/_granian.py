@@ -41,7 +41,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelserve.errors import HTTPError, install_hint
+from modelserve.errors import BodyTimeout, install_hint
 from modelserve.http._asgi import ARRIVED, CLOSE, REFUSED, request_headers
 from modelserve.http._protocol import TransportLimits
 from modelserve.http.errors import send_error
@@ -88,13 +88,6 @@ def http1_settings(limits: TransportLimits) -> Any:
         header_read_timeout=max(1, round(limits.header_timeout * 1000)),
         max_buffer_size=limits.max_header_size,
     )
-
-
-class BodyTimeout(HTTPError):
-    """The request's body did not come within ``--body-timeout`` (granian's edge; uvicorn's closes at once)."""
-
-    status_code = 408
-    default_message = "the request body did not come within the body timeout"
 
 
 @dataclass

@@ -13,14 +13,9 @@ from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from modelserve.errors import BadRequest, EncodeError, HTTPError, install_hint
+from modelserve.errors import BadRequest, EncodeError, HTTPError, MsgpackMissing
 
 MEDIA_TYPE = "application/octet-stream"
-
-
-class MsgpackMissing(HTTPError):
-    status_code = 415
-    default_message = f"this server cannot read msgpack bodies: {install_hint('truss-binary')}"
 
 
 def is_binary(content_type: str | None) -> bool:

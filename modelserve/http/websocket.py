@@ -40,6 +40,7 @@ from modelserve.context import RequestContext, sane_request_id
 from modelserve.errors import (
     BadRequest,
     ClientDisconnected,
+    Forbidden,
     GatewayTimeout,
     HTTPError,
     NotFound,
@@ -66,11 +67,6 @@ KEY_PROTOCOL = "bearer."
 #: Close codes (RFC 6455, section 7.4.1, and IANA's registry).
 NORMAL, GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL = 1000, 1001, 1003, 1008, 1009, 1011
 TRY_AGAIN = 1013
-
-
-class Forbidden(HTTPError):
-    status_code = 403
-    default_message = "forbidden"
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
