@@ -189,5 +189,5 @@ def test_unknown_paths_under_v2_models(server: Server, tmp_path: Path) -> None:
     nope = httpx.post(f"{server.url}/v2/models/nope/versions/3/infer", content=b"{}")
     assert nope.status_code == 400
     assert nope.json()["error"] == "Request for unknown model: 'nope' is not found"
-    config = httpx.get(f"{server.url}/v2/models/iris/config")
-    assert config.status_code == 404 and "'iris'" in config.json()["error"]
+    unknown = httpx.get(f"{server.url}/v2/models/iris/nothing-here")
+    assert unknown.status_code == 404 and "'iris'" in unknown.json()["error"]
