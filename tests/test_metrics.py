@@ -27,7 +27,6 @@ from prometheus_client.values import MutexValue
 import modelserve
 from modelserve.metrics import _forget_dead_workers, has_exemplar_seam, set_exemplar
 from tests.conftest import free_port, write_project
-from tests.tracing.receiver import Receiver, env
 
 pytestmark = pytest.mark.anyio
 
@@ -178,15 +177,22 @@ async def test_process_platform_and_build_info(client_of: Any) -> None:
     assert "onnx" in build.labels["runtimes"]  # onnxruntime is installed for the tests
 
 
+def _otlp() -> Any:
+    """tests/tracing's OTLP receiver; skips where OpenTelemetry (the `tracing` extra) is not installed, as in the
+    floors' venv."""
+    return pytest.importorskip("tests.tracing.receiver")
+
+
 def test_openmetrics_answers_carry_exemplars_with_the_trace_id_when_tracing_is_on(
     tmp_path: Path, start_server: Any
 ) -> None:
-    receiver = Receiver()
+    otlp = _otlp()
+    receiver = otlp.Receiver()
     try:
         project = write_project(
             tmp_path / "p", {"model.py": "class Model:\n    def predict(self, inputs):\n        return {}\n"}
         )
-        server = start_server(project, env=env(receiver))
+        server = start_server(project, env=otlp.env(receiver))
         server.wait_ready()
         traces = {httpx.post(server.url + "/", json={}).headers["traceparent"].split("-")[1] for _ in range(3)}
         plain = httpx.get(server.url + "/metrics")
@@ -467,11 +473,12 @@ def test_a_real_prometheus_scrapes_it_cleanly_with_exemplars(tmp_path: Path, sta
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if prometheus is None or promtool is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
-    receiver = Receiver()
+    otlp = _otlp()
+    receiver = otlp.Receiver()
     process = None
     try:
         model = "class Model:\n    def predict(self, inputs):\n        return {}\n"
-        server = start_server(write_project(tmp_path / "p", {"model.py": model}), env=env(receiver))
+        server = start_server(write_project(tmp_path / "p", {"model.py": model}), env=otlp.env(receiver))
         server.wait_ready()
         traces = {httpx.post(server.url + "/", json={}).headers["traceparent"].split("-")[1] for _ in range(5)}
         lint = subprocess.run(
