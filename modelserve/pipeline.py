@@ -67,9 +67,11 @@ class Pipeline:
         timer: StageTimer | None = None,
         stage_limit: int | None = None,
         run: Step | None = None,
+        busy_work: ThreadWork | None = None,
     ) -> None:
         """`run`: a backend's own step for all the stages at once (a measured fast path, `ModelFileBackend`'s); the
-        stages stay the reference, which `limited` compiles."""
+        stages stay the reference, which `limited` compiles. `busy_work`: the same call as `work` is for sync
+        stages, which `Api.call` takes instead of `run` while other requests wait (see `Api.call`)."""
         self.stages = tuple(stages)
         self.needs_inputs = needs_inputs
         self.needs_request = needs_request
@@ -82,6 +84,9 @@ class Pipeline:
         #: (a lone step is called directly: one coroutine less on every request).
         self._compiled_run: Step = self._steps[0] if len(self._steps) == 1 else self._run_steps
         self.run: Step = run if run is not None else self._compiled_run
+        #: ``run``'s call as one function for a worker thread (`ThreadWork`), for `Limiter.run` while the server
+        #: is busy: None where ``run`` has none.
+        self.busy_work = busy_work
 
     @property
     def work(self) -> ThreadWork | None:
@@ -123,7 +128,7 @@ class Pipeline:
         if group:
             steps.append(self._limit(self._sync_step(tuple(group))))
             if len(group) == len(self.stages) and self.stage_limit is None:
-                self._work = self._thread_work(self._group_runner(tuple(group)))
+                self._work = self.thread_work(self._group_runner(tuple(group)))
         return steps
 
     def _limit(self, step: Step) -> Step:
@@ -202,7 +207,9 @@ class Pipeline:
         return step
 
     @staticmethod
-    def _thread_work(run_group: Callable[[Any, Any, RequestContext | None], Any]) -> ThreadWork:
+    def thread_work(run_group: Callable[[Any, Any, RequestContext | None], Any]) -> ThreadWork:
+        """``run_group(value, request, ctx)`` (a whole call, in a worker thread) as `ThreadWork`."""
+
         def work(value: Any, request: Any, ctx: RequestContext) -> Callable[[], tuple[Any, bool]]:
             def call() -> tuple[Any, bool]:
                 if not ctx.enter_thread():

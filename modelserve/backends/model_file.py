@@ -32,7 +32,7 @@ from modelserve.backends._children import Children
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, LoadError, RequestCancelled, UserCodeError
 from modelserve.introspect import describe_callable
-from modelserve.pipeline import PASS_THROUGH, Pipeline, Stage, Step
+from modelserve.pipeline import PASS_THROUGH, Pipeline, Stage, Step, ThreadWork
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 from modelserve.schema import TypedValue, typed_value
@@ -205,9 +205,7 @@ class ModelFileBackend(Backend):
         run = Stage("run", self._run_stage(with_post=False, tensors=True), True, shared=True)
         timer = self.api_metrics.stage_timer
         if self.api.batching is None:
-            self.tensors = Pipeline(
-                [run], needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step(True)
-            )
+            self.tensors = self._fused_pipeline([run], True)
         else:
             self.tensors = self._choosing(Pipeline([run], needs_inputs=True, needs_request=False, timer=timer), True)
         if self.threads is not None:
@@ -255,7 +253,7 @@ class ModelFileBackend(Backend):
             )
         timer = self.api_metrics.stage_timer
         if self.api.batching is None:
-            return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=self._fused_step())
+            return self._fused_pipeline(stages, False)
         # Batched: the hooks limited to max_concurrency calls at once here (Api.load finds them so), and each
         # request served batched or not by the API's `BatchChoice`.
         stage_limit = self.api.max_concurrency
@@ -264,10 +262,19 @@ class ModelFileBackend(Backend):
 
     def _choosing(self, pipeline: Pipeline, tensors: bool) -> Pipeline:
         """`pipeline` (batched) running each request as `choice` says: batched, or as one unbatched step."""
-        unbatched = self._fused_step(tensors, in_batched_api=True)
-        if unbatched is not None and self.choice is not None:
-            pipeline.run = self.choice.step(unbatched, pipeline.run)
+        fused = self._fused(tensors, in_batched_api=True)
+        if fused is not None and self.choice is not None:
+            pipeline.run = self.choice.step(fused[0], pipeline.run)
         return pipeline
+
+    def _fused_pipeline(self, stages: list[Stage], tensors: bool) -> Pipeline:
+        """The unbatched pipeline of `stages`, run by the one step where the hooks allow it (`_fused`)."""
+        fused = self._fused(tensors)
+        timer = self.api_metrics.stage_timer
+        if fused is None:
+            return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer)
+        step, work = fused
+        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=step, busy_work=work)
 
     def _pre_signature(self) -> Any:
         assert self.model is not None
@@ -357,9 +364,11 @@ class ModelFileBackend(Backend):
 
         return call
 
-    def _fused_step(self, tensors: bool = False, in_batched_api: bool = False) -> Step | None:
+    def _fused(self, tensors: bool = False, in_batched_api: bool = False) -> tuple[Step, ThreadWork] | None:
         """The unbatched call with sync hooks as one step: pre_inference, the model and post_inference, each an
-        `Adaptive` call (a plain call while inline, awaited only when it goes to a thread).
+        `Adaptive` call (a plain call while inline, awaited only when it goes to a thread); and the same call as
+        one function for a worker thread (the pipeline's `busy_work`, which `Api.call` runs through the line
+        while the server is busy), its calls counted as thread calls.
 
         The staged pipeline costs a coroutine per stage and one more per hook call, with the same checks and
         timing between them: in one process, 9 coroutines of an iris request with both hooks where this has one
@@ -428,7 +437,46 @@ class ModelFileBackend(Backend):
             timer("post_inference", perf_counter() - started)
             return result
 
-        return step
+        def run_all(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            # In a worker thread: plain calls, timed for the metrics, not for `Adaptive`'s estimates (a call
+            # waiting for the GIL behind the event loop's work would count that wait).
+            if pre is not None:
+                at_pre.thread_calls += 1
+                started = perf_counter()
+                try:
+                    value = pre(value, *pre_args)
+                except PASS_THROUGH:
+                    raise
+                except BaseException as exc:  # noqa: B036
+                    raise UserCodeError("pre_inference", exc) from exc
+                timer("pre_inference", perf_counter() - started)
+                if ctx is not None and ctx.cancelled:
+                    raise RequestCancelled()
+            at_run.thread_calls += 1
+            started = perf_counter()
+            try:
+                value = answer_of(run(feeds_of(value)))
+            except PASS_THROUGH:
+                raise
+            except BaseException as exc:  # noqa: B036
+                raise UserCodeError("run", exc) from exc
+            timer(run_stage, perf_counter() - started)
+            if post is None:
+                return value
+            if ctx is not None and ctx.cancelled:
+                raise RequestCancelled()
+            at_post.thread_calls += 1
+            started = perf_counter()
+            try:
+                value = post(value, *post_args)
+            except PASS_THROUGH:
+                raise
+            except BaseException as exc:  # noqa: B036
+                raise UserCodeError("post_inference", exc) from exc
+            timer("post_inference", perf_counter() - started)
+            return value
+
+        return step, Pipeline.thread_work(run_all)
 
     def _batched_run(self) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """The model call behind a batcher: the feeds of concurrent requests are stacked into shared calls.

@@ -49,6 +49,21 @@ REFUSED = "modelserve.refused"
 #: The scope key of a request that the transport held back that way: the `time.monotonic()` at which its first
 #: bytes came. Its wait in the line counts from then.
 ARRIVED = "modelserve.arrived"
+#: The scope key of a request's number among the requests modelserve's own protocol parsed (`ARRIVALS.count`
+#: then). Requests parsed later, before its call begins, show that the server is busy (`Api.call`'s `crowded`).
+ORDER = "modelserve.order"
+
+
+class Arrivals:
+    """How many requests modelserve's protocol has parsed in this process (`ORDER`)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+ARRIVALS = Arrivals()
 
 
 def mark_refused(scope: Scope, exc: BaseException) -> None:

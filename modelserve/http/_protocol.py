@@ -65,7 +65,7 @@ import uvicorn
 from uvicorn.config import Config
 
 from modelserve.errors import HeadersTooLarge
-from modelserve.http._asgi import ARRIVED, LOST, REFUSED
+from modelserve.http._asgi import ARRIVALS, ARRIVED, LOST, ORDER, REFUSED
 from modelserve.http._uvicorn import missing
 from modelserve.http.guard import host_count, more_than_one_host
 
@@ -348,6 +348,8 @@ if HttpToolsProtocol is not None:
             if self._deadline is not None:
                 self._disarm()
             self.scope[LOST] = self  # type: ignore[literal-required]
+            ARRIVALS.count = order = ARRIVALS.count + 1
+            self.scope[ORDER] = order  # type: ignore[literal-required]
             headers = self.headers
             if len(dict(headers)) < len(headers) and host_count(headers) > 1:  # a name came twice: Host?
                 # Answered by modelserve's 400 instead of the app: the base class starts the app it reads here.

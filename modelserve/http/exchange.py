@@ -68,8 +68,10 @@ from modelserve.codecs import Answer as Encoded
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import (
+    ARRIVALS,
     ARRIVED,
     CLOSE,
+    ORDER,
     Disconnected,
     check_length,
     mark_refused,
@@ -226,13 +228,28 @@ class Exchange:
                 raise
             call = self.call
             cancelled = Disconnected(receive, scope)
+            # Requests parsed after this one while it waited for the loop: the server is busy (`Api.call`).
+            order = scope.get(ORDER)
+            crowded = order is not None and ARRIVALS.count > order
             if call is None:
                 result = await api.call(
-                    value, ctx, request=request, cancelled=cancelled, admitted=size, since=scope.get(ARRIVED)
+                    value,
+                    ctx,
+                    request=request,
+                    cancelled=cancelled,
+                    admitted=size,
+                    since=scope.get(ARRIVED),
+                    crowded=crowded,
                 )
             else:
                 result = await call(
-                    value, ctx, request=request, cancelled=cancelled, admitted=size, since=scope.get(ARRIVED)
+                    value,
+                    ctx,
+                    request=request,
+                    cancelled=cancelled,
+                    admitted=size,
+                    since=scope.get(ARRIVED),
+                    crowded=crowded,
                 )
             encode = self.encode
             if encode is None and type(result) is dict:  # the usual answer, in line: a call less (1.5%, as above)

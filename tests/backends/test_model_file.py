@@ -1,12 +1,17 @@
-"""The model file backend's fused step (pre_inference, the model, post_inference as one step) against the staged
-pipeline it shortcuts, which stays the reference: the same answers, the same 400s, the same failing stage."""
+"""The model file backend's fused step (pre_inference, the model, post_inference as one step) and its busy work (the
+same call for a worker thread, which a busy server runs through the line) against the staged pipeline they
+shortcut, which stays the reference: the same answers, the same 400s, the same failing stage; and which of them a
+real server runs, alone and crowded."""
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
@@ -14,7 +19,7 @@ from starlette.testclient import TestClient
 import modelserve
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, UserCodeError
-from tests.conftest import write_project
+from tests.conftest import read_http_answer, write_project
 from tests.models import iris_expected, iris_onnx
 
 ROW = [5.1, 3.5, 1.4, 0.2]
@@ -40,10 +45,10 @@ async def pre_inference(sample, signature, metadata):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("model_file")
     iris_onnx(root / "iris.onnx")
-    project = write_project(
+    return write_project(
         root,
         {
             "hooks.py": HOOKS,
@@ -68,7 +73,11 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
             """,
         },
     )
-    app = modelserve.create_app(Path(project))
+
+
+@pytest.fixture(scope="module")
+def client(project: Path) -> Iterator[TestClient]:
+    app = modelserve.create_app(project)
     with TestClient(app) as client:
         client.portal.call(app.server.wait_loaded)
         yield client
@@ -89,7 +98,21 @@ def run_both(client: TestClient, api: str, value: Any, tensors: bool = False) ->
 
         assert client.portal is not None
         outcomes.append(client.portal.call(call))
-    return outcomes
+    if pipeline.busy_work is not None:  # the same call as the server's worker thread runs it
+        ctx = RequestContext(api, "test")
+        try:
+            outcomes.append(pipeline.busy_work(value, None, ctx)()[0])
+        except Exception as exc:
+            outcomes.append(exc)
+        if isinstance(outcomes[-1], dict) and isinstance(outcomes[0], dict):
+            assert outcomes[-1].keys() == outcomes[0].keys()
+            for name in outcomes[0]:
+                np.testing.assert_equal(outcomes[-1][name], outcomes[0][name])
+        else:
+            assert type(outcomes[-1]) is type(outcomes[0])
+            assert str(outcomes[-1]) == str(outcomes[0])
+            assert getattr(outcomes[-1], "stage", None) == getattr(outcomes[0], "stage", None)
+    return outcomes[:2]
 
 
 @pytest.mark.parametrize("api", ["hooked", "threaded"])
@@ -141,3 +164,78 @@ def test_a_batched_api_chooses_between_the_fused_step_and_its_limited_stages(cli
     assert backend.pipeline.limited(1) is backend.pipeline  # Api.load keeps the choice
     fused, staged = run_both(client, "batched", {"inputs": [ROW]})
     assert fused == staged
+
+
+# --------------------------------------------------------------------------------------------------
+# A real server: the one step on the loop for a request alone, the busy work through the line when others wait.
+
+
+@pytest.fixture(scope="module")
+def server(project: Path, start_server_module: Any) -> Any:
+    server = start_server_module(project)
+    server.wait_ready()
+    return server
+
+
+def post(path: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def pipelined(server: Any, *requests: bytes) -> list[tuple[int, Any]]:
+    """Send `requests` in one write on one connection (the server parses them all before the first call begins,
+    so the first finds others waiting); their statuses and JSON bodies."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"".join(requests))
+        answers = []
+        for _ in requests:
+            head, _, body = read_http_answer(sock).partition(b"\r\n\r\n")
+            answers.append((int(head.split(b" ", 2)[1]), json.loads(body)))
+    return answers
+
+
+def calls(server: Any, api: str) -> dict[str, int]:
+    stages = httpx.get(f"{server.url}/{api}").json()["execution"]["stages"]
+    return {name: stage["thread_calls"] for name, stage in stages.items()}
+
+
+def test_a_request_alone_runs_on_the_loop_and_a_crowded_one_through_the_line(server: Any) -> None:
+    # The first call of a hook goes to a thread (never measured yet), as its later ones do when measured slow.
+    assert httpx.post(f"{server.url}/hooked", json={"inputs": [ROW]}).status_code == 200
+    before = calls(server, "hooked")
+    for _ in range(3):  # one at a time: never crowded
+        assert httpx.post(f"{server.url}/hooked", json={"inputs": [ROW]}).status_code == 200
+    assert calls(server, "hooked") == before
+    body = json.dumps({"inputs": [ROW]}).encode()
+    answers = pipelined(server, post("/hooked", body), post("/hooked", body))
+    expected = iris_expected([ROW])[1].tolist()
+    assert answers == [(200, {"outputs": expected, "tag": "v1"})] * 2
+    # The first found the second parsed behind it: its whole call ran in a worker thread; the second, alone by
+    # then, on the loop.
+    after = calls(server, "hooked")
+    assert after == {name: count + 1 for name, count in before.items()}
+
+
+def test_a_crowded_call_fails_and_refuses_as_one_alone_does(server: Any) -> None:
+    cases = [("/hooked", json.dumps({"inputs": [ROW], "fail": "pre"}).encode()), ("/bare", b'{"wrong": [1]}')]
+    alone = [pipelined(server, post(path, body))[0] for path, body in cases]
+    before = calls(server, "bare")["run"]
+    crowded = [pipelined(server, post(path, body), post(path, body))[0] for path, body in cases]
+    assert calls(server, "bare")["run"] == before + 1  # the first of the two, through the line
+    assert [status for status, _ in alone] == [status for status, _ in crowded] == [500, 400]
+    for (_, one), (_, other) in zip(alone, crowded, strict=True):
+        assert {key: value for key, value in one.items() if key != "request_id"} == {
+            key: value for key, value in other.items() if key != "request_id"
+        }
+
+
+def test_the_v2_route_runs_crowded_calls_through_the_line_too(server: Any) -> None:
+    before = calls(server, "hooked")["run"]
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 4], "data": ROW}
+    body = json.dumps({"inputs": [tensor]}).encode()
+    answers = pipelined(server, post("/v2/models/hooked/infer", body), post("/v2/models/hooked/infer", body))
+    assert [status for status, _ in answers] == [200, 200]
+    assert answers[0][1]["outputs"] == answers[1][1]["outputs"]
+    assert calls(server, "hooked")["run"] == before + 1
