@@ -3,26 +3,33 @@ and against modelserve's own V2 REST binary route.
 
 One model, ``iris`` (`onnx_overhead.iris_model`: x float32 [N, 4] -> probabilities float32 [N, 3]), and the
 same onnxruntime options everywhere (CPU provider, one intra-op and one inter-op thread). Servers, each its
-own process:
+own process on the server's CPU:
 
 * ``modelserve``: ``python -m modelserve DIR --grpc-port P``; the gRPC ``ModelInfer`` of one row sent in
-  ``raw_input_contents`` (``grpc``), and the V2 REST route with the row as binary data (``rest-binary``);
+  ``raw_input_contents`` (``grpc``), and the V2 REST route with the row as binary data
+  (``Inference-Header-Content-Length``, the answer binary too): ``rest-binary``;
 * ``bare``: a ``grpc.aio`` server whose one method reads the raw input with ``np.frombuffer``, calls
-  ``session.run`` and answers the raw output, none of modelserve's checks, line, metrics or statistics.
+  ``session.run`` and answers the raw output, none of modelserve's checks, line, metrics or statistics;
+* with ``--before DIR``, modelserve from another checkout (``git worktree add /tmp/grpc-before HEAD``) as
+  ``grpc-before``: a change to the gRPC path measured against the code before it, in the same run.
 
-The client is a process of its own: `concurrency` coroutines, each calling in a loop for `duration` seconds
-over one channel (gRPC) or one connection pool (httpx, for REST: its client costs more per request than
-grpc's, so ``rest-binary`` says what a REST client gets, not what the server spends). Every cell is the median
-of the rounds (the targets take turns within a round); the ratio is the median of the ratios within a round.
-The target of issue 33: ``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
+The gRPC client is a process of its own on the other CPU: `concurrency` coroutines, each calling in a loop for
+`duration` seconds over one channel. ``rest-binary`` is loaded by wrk (one thread, `concurrency` connections,
+the same binary body), whose client costs far less per request than a Python one: each column is what the
+server gives, and ``us/req`` beside it the server's CPU time per answered request (user + system of its
+process), which a busy machine disturbs less than req/s. Every cell is the median of the rounds (the targets
+take turns within a round); a ratio is the median of the ratios within a round. The target of issue 33:
+``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
 
     python benchmarks/grpc_infer.py [--duration 2] [--repeats 3] [--concurrency 1,16,64] [--pin]
+    python benchmarks/grpc_infer.py --before /tmp/grpc-before
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,7 +37,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from _harness import REPO, ServerProcess, cpus, free_port
+from _harness import REPO, ServerProcess, cpus, free_port, measure, write_wrk_script
 from onnx_overhead import iris_model
 
 BARE = """
@@ -76,57 +83,35 @@ asyncio.run(main())
 CLIENT = """
 import asyncio, sys, time
 
+import grpc
 import numpy as np
 
-kind, target, concurrency, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+from modelserve.grpc._proto import grpc_service_pb2 as pb
+
+target, concurrency, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 row = np.array([[5.1, 3.5, 1.4, 0.2]], np.float32)
 
 
-async def grpc_loop(call, request, end, counts):
+async def loop(call, request, end, counts):
     while time.monotonic() < end:
         await call(request)
         counts[0] += 1
 
 
-async def rest_loop(client, url, body, headers, end, counts):
-    while time.monotonic() < end:
-        answer = await client.post(url, content=body, headers=headers)
-        assert answer.status_code == 200, answer.text
-        counts[0] += 1
-
-
 async def main():
     counts = [0]
-    if kind == "grpc":
-        import grpc
-        from modelserve.grpc._proto import grpc_service_pb2 as pb
-
-        request = pb.ModelInferRequest(model_name="iris")
-        request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
-        request.raw_input_contents.append(row.tobytes())
-        async with grpc.aio.insecure_channel(target) as channel:
-            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=pb.ModelInferRequest.SerializeToString,
-                response_deserializer=pb.ModelInferResponse.FromString)
-            await call(request)
-            started = time.monotonic()
-            end = started + seconds
-            await asyncio.gather(*(grpc_loop(call, request, end, counts) for _ in range(concurrency)))
-    else:
-        import httpx
-
-        header = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":{"binary_data_size":16}}],'
-        header += b'"parameters":{"binary_data_output":true}}'
-        body = header + row.tobytes()
-        headers = {"Inference-Header-Content-Length": str(len(header))}
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        async with httpx.AsyncClient(limits=limits) as client:
-            url = target + "/v2/models/iris/infer"
-            await client.post(url, content=body, headers=headers)
-            started = time.monotonic()
-            end = started + seconds
-            await asyncio.gather(*(rest_loop(client, url, body, headers, end, counts) for _ in range(concurrency)))
-    print(counts[0] / (time.monotonic() - started))
+    request = pb.ModelInferRequest(model_name="iris")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(row.tobytes())
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString)
+        await call(request)
+        started = time.monotonic()
+        end = started + seconds
+        await asyncio.gather(*(loop(call, request, end, counts) for _ in range(concurrency)))
+    print(counts[0] / (time.monotonic() - started), counts[0])
 
 
 asyncio.run(main())
@@ -137,6 +122,12 @@ apis:
   - name: iris
     model: {path: model.onnx, intra_op_threads: 1, inter_op_threads: 1}
 """
+#: The V2 binary request of one row (its JSON header, then the row's 16 bytes), answered in binary too.
+HEADER = (
+    b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":{"binary_data_size":16}}],'
+    b'"parameters":{"binary_data_output":true}}'
+)
+ROW = struct.pack("<4f", 5.1, 3.5, 1.4, 0.2)
 
 
 def grpc_ready(address: str) -> bool:
@@ -150,17 +141,30 @@ def grpc_ready(address: str) -> bool:
     return True
 
 
-def load(client: Path, kind: str, target: str, concurrency: int, seconds: float, pin: str | None) -> float:
+def load_grpc(
+    client: Path, server: ServerProcess, target: str, concurrency: int, seconds: float, pin: str | None
+) -> tuple[float, float]:
+    """(req/s, the server's CPU microseconds per request) of one run of the gRPC client."""
     prefix = ["taskset", "-c", pin] if pin else []
+    before = server.cpu_seconds()
     done = subprocess.run(
-        [*prefix, sys.executable, str(client), kind, target, str(concurrency), str(seconds)],
+        [*prefix, sys.executable, str(client), target, str(concurrency), str(seconds)],
         capture_output=True,
         text=True,
         cwd=REPO,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         check=True,
     )
-    return float(done.stdout.strip())
+    rate, count = done.stdout.split()
+    return float(rate), (server.cpu_seconds() - before) / max(int(count), 1) * 1e6
+
+
+def modelserve_server(name: str, checkout: Path, root: Path, grpc_port: int, pin: str | None) -> ServerProcess:
+    """``python -m modelserve`` of `checkout` (its folder first on the path: ``-m`` puts the working directory
+    before PYTHONPATH and the installed package)."""
+    command = [sys.executable, "-m", "modelserve", str(root), "--port", "{port}", "--grpc-port", str(grpc_port)]
+    command += ["--no-access-log", "--log-level", "warning"]
+    return ServerProcess(name, command, checkout, pin)
 
 
 def main() -> None:
@@ -169,6 +173,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--before", type=Path, help="a checkout of modelserve to measure as grpc-before")
     args = parser.parse_args()
     server_cpu, client_cpu = cpus(args.pin)
     levels = [int(level) for level in args.concurrency.split(",")]
@@ -179,55 +184,56 @@ def main() -> None:
         (root / "bare.py").write_text(BARE)
         client = root / "client.py"
         client.write_text(CLIENT)
-        grpc_port, bare_port = free_port(), free_port()
-        modelserve = ServerProcess(
-            "modelserve",
-            [
-                sys.executable,
-                "-m",
-                "modelserve",
-                str(root),
-                "--port",
-                "{port}",
-                "--grpc-port",
-                str(grpc_port),
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ],
-            REPO,
-            server_cpu,
+        script = write_wrk_script(
+            root / "rest.lua",
+            HEADER + ROW,
+            {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(HEADER))},
         )
-        bare = ServerProcess(
-            "bare", [sys.executable, str(root / "bare.py"), str(root / "model.onnx"), str(bare_port)], REPO, server_cpu
-        )
+        ports = {"grpc": free_port(), "bare": free_port(), "grpc-before": free_port()}
+        servers = {"grpc": modelserve_server("modelserve", REPO, root, ports["grpc"], server_cpu)}
+        bare_command = [sys.executable, str(root / "bare.py"), str(root / "model.onnx"), str(ports["bare"])]
+        servers["bare"] = ServerProcess("bare", bare_command, REPO, server_cpu)
+        if args.before is not None:
+            checkout = args.before.resolve()
+            servers["grpc-before"] = modelserve_server("before", checkout, root, ports["grpc-before"], server_cpu)
         try:
-            for server, address in ((modelserve, f"127.0.0.1:{grpc_port}"), (bare, f"127.0.0.1:{bare_port}")):
+            for name, server in servers.items():
                 deadline = time.monotonic() + 120
-                while not grpc_ready(address):
+                while not grpc_ready(f"127.0.0.1:{ports[name]}"):
                     if server.process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"{server.name} did not start:\n{server.output()}")
-            targets = {
-                "grpc": ("grpc", f"127.0.0.1:{grpc_port}"),
-                "bare": ("grpc", f"127.0.0.1:{bare_port}"),
-                "rest-binary": ("rest", modelserve.url),
-            }
-            print(f"iris, {args.duration:g} s x {args.repeats} rounds; req/s (median of rounds)\n")
-            print(f"{'streams':>8} {'grpc':>9} {'bare':>9} {'grpc/bare':>10} {'rest-binary':>12}")
+            rest_url = servers["grpc"].url + "/v2/models/iris/infer"
+            measure(servers["grpc"], rest_url, script, 1, 1, client_cpu)  # warm-up, and a check that it answers
+            names = [*servers, "rest-binary"]
+            print(f"iris, {args.duration:g} s x {args.repeats} rounds; req/s and server CPU us per request")
+            print("(median of rounds); ratios: median of the ratios within a round\n")
+            header = f"{'streams':>8}" + "".join(f" {name:>12} {'us/req':>7}" for name in names)
+            header += f" {'grpc/bare':>10}" + (f" {'grpc/before':>12}" if "grpc-before" in servers else "")
+            print(header)
             for level in levels:
-                rounds: dict[str, list[float]] = {name: [] for name in targets}
+                rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
                 for _ in range(args.repeats):
-                    for name, (kind, target) in targets.items():
-                        rounds[name].append(load(client, kind, target, level, args.duration, client_cpu))
-                ratio = statistics.median(g / b for g, b in zip(rounds["grpc"], rounds["bare"], strict=True))
-                cells = {name: statistics.median(values) for name, values in rounds.items()}
-                print(
-                    f"{level:>8} {cells['grpc']:>9.0f} {cells['bare']:>9.0f} {ratio:>9.2f}x "
-                    f"{cells['rest-binary']:>12.0f}"
-                )
+                    for name, server in servers.items():
+                        target = f"127.0.0.1:{ports[name]}"
+                        rounds[name].append(load_grpc(client, server, target, level, args.duration, client_cpu))
+                    run = measure(servers["grpc"], rest_url, script, level, args.duration, client_cpu)
+                    rounds["rest-binary"].append((run.rps, run.cpu_us))
+                line = f"{level:>8}"
+                for name in names:
+                    rps = statistics.median(rate for rate, _ in rounds[name])
+                    cpu = statistics.median(cpu for _, cpu in rounds[name])
+                    line += f" {rps:>12.0f} {cpu:>7.0f}"
+                line += f" {ratio(rounds['grpc'], rounds['bare']):>9.2f}x"
+                if "grpc-before" in servers:
+                    line += f" {ratio(rounds['grpc'], rounds['grpc-before']):>11.2f}x"
+                print(line, flush=True)
         finally:
-            modelserve.stop()
-            bare.stop()
+            for server in servers.values():
+                server.stop()
+
+
+def ratio(runs: list[tuple[float, float]], base: list[tuple[float, float]]) -> float:
+    return statistics.median(run[0] / other[0] for run, other in zip(runs, base, strict=True))
 
 
 if __name__ == "__main__":
