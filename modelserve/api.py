@@ -129,21 +129,21 @@ class Api:
         admitted: int | None = None,
         since: float | None = None,
         pipeline: Pipeline | None = None,
-        crowded: bool = False,
     ) -> Any:
         """Run one call of the API: `value` is the decoded inputs, `request` what a stage taking the request
         receives, `admitted` the size given to `admit` when the transport admitted the request first, `since`
         the `time.monotonic()` from which the request counts as waiting when that began before it was read
         (the transport left its connection unread: `max_queue_wait` counts that time too), `pipeline` another
         entry of the backend to run instead of its pipeline (a model file's `tensors`, for a protocol whose
-        values are the model's own tensors), `crowded` True when the transport read other requests after this
-        one before its call began.
+        values are the model's own tensors).
 
         A pipeline with a `busy_work` (a model file's one step) runs on the event loop while requests come one
-        at a time, and as that work in a worker thread through the line while the server is busy (`crowded`, or
-        a call of the API running): inline is the faster of the two alone (1.2-1.6x the requests of iris at one
+        at a time, and as that work in a worker thread through the line while the server is busy
+        (``ctx.crowded``: the transport read other requests after this one before its call began; or a call of
+        the API running). Inline is the faster of the two alone (1.2-1.6x the requests of iris at one
         connection), the line under load (1.0-1.4x at 16 and 64 connections), where a worker thread runs the
         waiting calls one after the other while the event loop reads and answers requests.
+
         Returns the result (a `Stream` for a generator) or raises (see the module's docstring)."""
         limiter = self.limiter
         if not self.ready:
@@ -156,7 +156,7 @@ class Api:
         if pipeline is None:
             pipeline = self.backend.pipeline
         work = pipeline.work
-        if work is None and (crowded or limiter.running):
+        if work is None and (ctx.crowded or limiter.running):
             work = pipeline.busy_work
         try:
             if work is not None:

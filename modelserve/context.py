@@ -41,7 +41,7 @@ def sane_request_id(candidate: str | None) -> str:
 class RequestContext:
     """Per-request state shared by the event loop and the worker thread running a sync stage."""
 
-    __slots__ = ("api", "request_id", "cancelled", "reason", "release_slot", "_in_thread", "_left")
+    __slots__ = ("api", "request_id", "cancelled", "reason", "release_slot", "crowded", "_in_thread", "_left")
 
     #: Guards the hand-over between the loop and a worker thread; held for a few instructions, so one lock
     #: for all requests costs less than creating one for each.
@@ -55,6 +55,9 @@ class RequestContext:
         self.reason: str | None = None
         #: Gives back the API's concurrency slot; set by whoever acquired one for this request.
         self.release_slot: Callable[[], None] = _nothing
+        #: Set by the transport when it read other requests after this one before its call began: the server
+        #: is busy, and a model file's call runs in a worker thread rather than on the loop (`Api.call`).
+        self.crowded = False
         self._in_thread = False
         self._left = False
 

@@ -278,12 +278,16 @@ class BatchChoice:
                 return False
         return True
 
-    def step(self, unbatched: Step, batched: Step) -> Step:
-        """The step that runs each request with `unbatched` or `batched`, as `unbatched()` says at its start."""
+    def step(self, unbatched: Step, batched: Step, busy: Step | None = None) -> Step:
+        """The step that runs each request with `unbatched` or `batched`, as `unbatched()` says at its start; an
+        unbatched request of a busy server (``ctx.crowded``, see `Api.call`) with `busy` (the same call in the
+        API's own thread) when given."""
 
         def choose(value: Any, request: Any, ctx: Any) -> Awaitable[Any]:
             if self.unbatched():
                 self.unbatched_requests += 1
+                if busy is not None and ctx is not None and ctx.crowded:
+                    return busy(value, request, ctx)
                 return unbatched(value, request, ctx)
             self.batched_requests += 1
             return batched(value, request, ctx)

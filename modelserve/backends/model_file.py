@@ -32,7 +32,7 @@ from modelserve.backends._children import Children
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, LoadError, RequestCancelled, UserCodeError
 from modelserve.introspect import describe_callable
-from modelserve.pipeline import PASS_THROUGH, Pipeline, Stage, Step, ThreadWork
+from modelserve.pipeline import PASS_THROUGH, Pipeline, Stage, Step
 from modelserve.runtimes._model import LoadedModel
 from modelserve.runtimes._tensors import InputConverter
 from modelserve.schema import TypedValue, typed_value
@@ -264,7 +264,9 @@ class ModelFileBackend(Backend):
         """`pipeline` (batched) running each request as `choice` says: batched, or as one unbatched step."""
         fused = self._fused(tensors, in_batched_api=True)
         if fused is not None and self.choice is not None:
-            pipeline.run = self.choice.step(fused[0], pipeline.run)
+            assert self.threads is not None
+            step, run_all = fused
+            pipeline.run = self.choice.step(step, pipeline.run, busy=partial(self.threads.run_here, run_all))
         return pipeline
 
     def _fused_pipeline(self, stages: list[Stage], tensors: bool) -> Pipeline:
@@ -273,7 +275,8 @@ class ModelFileBackend(Backend):
         timer = self.api_metrics.stage_timer
         if fused is None:
             return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer)
-        step, work = fused
+        step, run_all = fused
+        work = Pipeline.thread_work(run_all)
         return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=step, busy_work=work)
 
     def _pre_signature(self) -> Any:
@@ -364,11 +367,12 @@ class ModelFileBackend(Backend):
 
         return call
 
-    def _fused(self, tensors: bool = False, in_batched_api: bool = False) -> tuple[Step, ThreadWork] | None:
+    def _fused(self, tensors: bool = False, in_batched_api: bool = False) -> tuple[Step, Callable[..., Any]] | None:
         """The unbatched call with sync hooks as one step: pre_inference, the model and post_inference, each an
         `Adaptive` call (a plain call while inline, awaited only when it goes to a thread); and the same call as
-        one function for a worker thread (the pipeline's `busy_work`, which `Api.call` runs through the line
-        while the server is busy), its calls counted as thread calls.
+        one function for a worker thread, ``run_all(value, request, ctx)``, its calls counted as thread calls,
+        which runs the call while the server is busy (`Api.call`): the pipeline's `busy_work` through the line,
+        or in a batched API's own threads.
 
         The staged pipeline costs a coroutine per stage and one more per hook call, with the same checks and
         timing between them: in one process, 9 coroutines of an iris request with both hooks where this has one
@@ -476,7 +480,7 @@ class ModelFileBackend(Backend):
             timer("post_inference", perf_counter() - started)
             return value
 
-        return step, Pipeline.thread_work(run_all)
+        return step, run_all
 
     def _batched_run(self) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """The model call behind a batcher: the feeds of concurrent requests are stacked into shared calls.

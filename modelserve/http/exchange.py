@@ -230,26 +230,15 @@ class Exchange:
             cancelled = Disconnected(receive, scope)
             # Requests parsed after this one while it waited for the loop: the server is busy (`Api.call`).
             order = scope.get(ORDER)
-            crowded = order is not None and ARRIVALS.count > order
+            if order is not None and ARRIVALS.count > order:
+                ctx.crowded = True
             if call is None:
                 result = await api.call(
-                    value,
-                    ctx,
-                    request=request,
-                    cancelled=cancelled,
-                    admitted=size,
-                    since=scope.get(ARRIVED),
-                    crowded=crowded,
+                    value, ctx, request=request, cancelled=cancelled, admitted=size, since=scope.get(ARRIVED)
                 )
             else:
                 result = await call(
-                    value,
-                    ctx,
-                    request=request,
-                    cancelled=cancelled,
-                    admitted=size,
-                    since=scope.get(ARRIVED),
-                    crowded=crowded,
+                    value, ctx, request=request, cancelled=cancelled, admitted=size, since=scope.get(ARRIVED)
                 )
             encode = self.encode
             if encode is None and type(result) is dict:  # the usual answer, in line: a call less (1.5%, as above)

@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 import modelserve
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, UserCodeError
-from tests.conftest import read_http_answer, write_project
+from tests.conftest import write_project
 from tests.models import iris_expected, iris_onnx
 
 ROW = [5.1, 3.5, 1.4, 0.2]
@@ -189,10 +189,20 @@ def pipelined(server: Any, *requests: bytes) -> list[tuple[int, Any]]:
     so the first finds others waiting); their statuses and JSON bodies."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"".join(requests))
-        answers = []
-        for _ in requests:
-            head, _, body = read_http_answer(sock).partition(b"\r\n\r\n")
-            answers.append((int(head.split(b" ", 2)[1]), json.loads(body)))
+        data, answers = b"", list[tuple[int, Any]]()
+        while len(answers) < len(requests):
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            data += chunk
+            while b"\r\n\r\n" in data:
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = next(
+                    int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+                )
+                if len(rest) < length:
+                    break
+                answers.append((int(head.split(b" ", 2)[1]), json.loads(rest[:length])))
+                data = rest[length:]
     return answers
 
 
@@ -239,3 +249,14 @@ def test_the_v2_route_runs_crowded_calls_through_the_line_too(server: Any) -> No
     assert [status for status, _ in answers] == [200, 200]
     assert answers[0][1]["outputs"] == answers[1][1]["outputs"]
     assert calls(server, "hooked")["run"] == before + 1
+
+
+def test_a_batched_api_serving_unbatched_runs_crowded_calls_in_its_own_thread(server: Any) -> None:
+    assert httpx.post(f"{server.url}/batched", json={"inputs": [ROW]}).status_code == 200  # the hooks measured
+    described = httpx.get(f"{server.url}/batched").json()
+    assert described["batching"]["mode"] == "unbatched"
+    before = calls(server, "batched")
+    body = json.dumps({"inputs": [ROW]}).encode()
+    answers = pipelined(server, post("/batched", body), post("/batched", body))
+    assert answers == [(200, {"outputs": iris_expected([ROW])[1].tolist(), "tag": "v1"})] * 2
+    assert calls(server, "batched") == {name: count + 1 for name, count in before.items()}
