@@ -8,21 +8,29 @@ build time, what a request goes through:
 - the route handlers of the exchanges (`traced_routes`): the server span (HTTP semantic conventions), the
   caller's ``traceparent``/``tracestate`` continued, ``traceparent`` on the answer, the span current while
   the request runs (user code sees it, in worker threads too: they run in a copy of the request's context);
-- an API's `Api.call` (`instrument`): the wait for a slot (``modelserve.queue``), a user error recorded as
-  a span event (its type, message and traceback text, never its locals), a stream's lifetime
-  (``modelserve.stream``), the encoding of the answer (``modelserve.encode``);
+- an API's `Api.call` (`instrument`): the wait for a slot (``modelserve.queue.duration`` on the server
+  span), a user error recorded as a span event (its type, message and traceback text, never its locals), a
+  stream's lifetime (``modelserve.stream``), the encoding of the answer (``modelserve.encode.duration``);
 - an API's stage timer: one span per stage (``modelserve.stage.<name>``), made when the stage returns from
   the time it took, so that no stage runs a line more than before;
 - a `Batcher` (its ``entry`` and ``trace`` hooks): each waiting request remembers its span, and the batch
   runs in a span of its own (a new trace, ``modelserve.batch``) *linked* to each of them;
 - a job (`job_context` when submitted, `job` when run): the submit's span context and time are stored with
   the job, and whichever process runs it continues that trace: ``modelserve.job.queue`` (the time it
-  waited) and ``modelserve.job`` (its run, the stages below it).
+  waited) and ``modelserve.job`` (its run, the stages below it);
+- a WebSocket session (`websocket`, called by `modelserve.http.websocket`): a server span for the session,
+  continuing the handshake's ``traceparent``, and a ``modelserve.websocket.message`` span per message handled.
 
-Spans go to an OTLP/HTTP exporter (protobuf) in a batch span processor, configured by the standard
-``OTEL_*`` variables (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``, ``OTEL_TRACES_SAMPLER``...).
-An exporter that fails (a bad endpoint, the collector down) never fails a request: its spans are dropped,
+Spans go to an OTLP exporter (HTTP/protobuf, or gRPC with ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``) through
+`_Batches`, a batch span processor configured by the standard ``OTEL_BSP_*`` variables, and the exporter by
+the other standard ``OTEL_*`` ones (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``...). A span that
+cannot be exported (the queue full, a bad endpoint, the collector down) never fails a request: it is dropped,
 counted in ``modelserve_spans_dropped_total`` and warned about once.
+
+What a traced request costs is measured by ``benchmarks/tracing_cost.py``; the Python SDK's span object costs
+~40 us to make and its OTLP encoder ~45 us a span on the 2-core machine, so a stage span, whose start and end
+are known when it is written, is made as a finished `ReadableSpan` (~4 us) handed to the processor
+(`Tracing._finished`), and the queue wait and the encoding are attributes of the server span, not spans.
 """
 
 from __future__ import annotations
@@ -31,20 +39,23 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from modelserve import context as request_context
-from modelserve.errors import HTTPError, LoadError, UserCodeError, install_hint
+from modelserve.errors import ConfigError, HTTPError, LoadError, UserCodeError, install_hint
 
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace import Tracer as SdkTracer
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - exercised by the install-hint test in a venv without it
     raise LoadError(
@@ -70,18 +81,27 @@ _traced: ContextVar[_Traced | None] = ContextVar("modelserve_traced", default=No
 _W3C = TraceContextTextMapPropagator()
 _lock = threading.Lock()
 _installed: Tracing | None = None
+#: The parent context of a request that names none: a new trace (cheaper than extracting from no headers).
+_NEW_TRACE = otel_context.Context()
+#: ``OTEL_EXPORTER_OTLP_PROTOCOL`` values: the module of the exporter of each, and the logger it writes to.
+EXPORTERS = {
+    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+}
 
 
 class _Traced:
     """What the wrappers of one request or job share: its span, when its call began and returned."""
 
-    __slots__ = ("span", "called", "staged", "returned")
+    __slots__ = ("span", "called", "staged", "returned", "route")
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, route: bool = False) -> None:
         self.span = span
         self.called = 0
         self.staged = False
         self.returned = 0
+        #: Whether a route's server span (which names the request id from the answer's header itself).
+        self.route = route
 
 
 def install() -> Tracing:
@@ -89,9 +109,10 @@ def install() -> Tracing:
 
     The tracer provider is the global one when the embedding program already set one; otherwise modelserve
     sets one: the resource from ``OTEL_SERVICE_NAME`` (default ``modelserve``) and ``OTEL_RESOURCE_ATTRIBUTES``,
-    the sampler from ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``, and an OTLP/HTTP exporter (its
-    endpoint from ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) in a
-    `BatchSpanProcessor` (``OTEL_BSP_*``).
+    the sampler from ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``, and the OTLP exporter of
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf``, the default, or ``grpc``; its endpoint from
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) behind a batch span processor
+    (``OTEL_BSP_*``).
     """
     global _installed
     with _lock:
@@ -105,12 +126,7 @@ def _provider() -> trace.TracerProvider:
     existing = trace.get_tracer_provider()
     if isinstance(existing, TracerProvider):
         return existing  # the embedding program's own
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    except ImportError as exc:
-        raise LoadError(
-            f"tracing needs the OTLP/HTTP exporter ({exc.name} is missing). Install it with: {install_hint('tracing')}"
-        ) from None
+    exporter = _exporter()
     from modelserve import __version__
 
     attributes: dict[str, Any] = {
@@ -119,57 +135,163 @@ def _provider() -> trace.TracerProvider:
         "process.pid": os.getpid(),  # which worker of --workers N made the span
     }
     provider = TracerProvider(resource=Resource.create(attributes))
-    # The exporter logs every failed try (a line per retry, per batch): `_Counted` warns once and counts instead.
-    quiet = logging.getLogger("opentelemetry.exporter.otlp.proto.http")
-    if quiet.level == logging.NOTSET:
-        quiet.setLevel(logging.CRITICAL)
-    provider.add_span_processor(BatchSpanProcessor(_Counted(OTLPSpanExporter())))
+    provider.add_span_processor(_Batches(exporter))
     trace.set_tracer_provider(provider)
     return provider
 
 
-class _Counted(SpanExporter):
-    """The exporter, counting the spans it could not deliver (warned about once per process)."""
+def _exporter() -> SpanExporter:
+    """The OTLP exporter of ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` or ``OTEL_EXPORTER_OTLP_PROTOCOL``."""
+    import importlib
+
+    variable = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    protocol = os.environ.get(variable, "").strip()
+    if not protocol:
+        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
+        protocol = os.environ.get(variable, "").strip() or "http/protobuf"
+    module_name = EXPORTERS.get(protocol.lower())
+    if module_name is None:
+        raise ConfigError(
+            f"{variable}={protocol!r} is not a protocol modelserve exports spans with: use one of "
+            + ", ".join(EXPORTERS)
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LoadError(
+            f"tracing with {variable}={protocol} needs the OTLP {protocol} exporter ({exc.name} is missing). "
+            f"Install it with: {install_hint('tracing')}"
+        ) from None
+    # The exporter logs every failed try (a line per retry, per batch): `_Batches` warns once and counts instead.
+    quiet = logging.getLogger(module_name.rsplit(".", 1)[0])
+    if quiet.level == logging.NOTSET:
+        quiet.setLevel(logging.CRITICAL)
+    exporter: SpanExporter = module.OTLPSpanExporter()
+    return exporter
+
+
+def _setting(name: str, default: int) -> int:
+    """A positive whole number from the environment (``OTEL_BSP_*``); `default` when unset or not one."""
+    text = os.environ.get(name, "").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        if text:
+            logger.warning("tracing: %s=%r is not a whole number; %d is used", name, text, default)
+        return default
+    return value if value > 0 else default
+
+
+class _Batches(SpanProcessor):
+    """Ended spans exported in batches by a thread of its own, and the spans it could not export counted.
+
+    The SDK's `BatchSpanProcessor` does the same, but drops the spans that find its queue full with a log line
+    each and no count. Here a span is dropped when ``OTEL_BSP_MAX_QUEUE_SIZE`` spans wait already (default
+    8192) or when the exporter fails its batch (the collector down); both are counted in `dropped`, and each
+    cause is warned about once per process. A batch is exported when ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans
+    wait (default 2048: a quarter of as many exports as the SDK's 512, each holding the GIL a while, for the
+    same spans) or every ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5000).
+    """
 
     def __init__(self, exporter: SpanExporter) -> None:
         self.exporter = exporter
+        self.max_queue = _setting("OTEL_BSP_MAX_QUEUE_SIZE", 8192)
+        self.batch = min(_setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 2048), self.max_queue)
+        self.delay = _setting("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.queue: deque[ReadableSpan] = deque()
+        #: Spans dropped so far: the queue full, or their batch failed to export.
         self.dropped = 0
-        self._warned = False
+        self._warned: set[str] = set()
+        self._stopped = False
+        self._start()
+        os.register_at_fork(after_in_child=self._start)  # a forked worker exports with a thread of its own
 
-    def export(self, spans: Sequence[Any]) -> SpanExportResult:
-        try:
-            result = self.exporter.export(spans)
-        except Exception:  # an exporter must not raise; one that does loses its batch, as a failure would
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self.dropped += len(spans)
-            if not self._warned:
-                self._warned = True
-                logger.warning(
-                    "tracing: %d span(s) could not be exported (is the collector at OTEL_EXPORTER_OTLP_ENDPOINT "
-                    "up?); spans that cannot be exported are dropped and counted in "
-                    "modelserve_spans_dropped_total, and requests go on",
-                    len(spans),
-                )
-        return result
+    def _start(self) -> None:
+        """The export thread, and what it shares (new in a forked child: the parent's may be held there)."""
+        self.queue.clear()
+        self._counting = threading.Lock()
+        self._exporting = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="modelserve-spans", daemon=True)
+        self._thread.start()
+
+    def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        if context is not None and context.trace_flags.sampled:
+            self.add(span)
+
+    def add(self, span: ReadableSpan) -> None:
+        """Queue an ended, sampled span for export (or count it dropped when the queue is full)."""
+        queue = self.queue
+        if len(queue) >= self.max_queue:
+            self._drop(1, "full")
+            return
+        queue.append(span)
+        if len(queue) >= self.batch and not self._wake.is_set():
+            self._wake.set()
+
+    def _drop(self, count: int, why: str) -> None:
+        with self._counting:
+            self.dropped += count
+            if why in self._warned:
+                return
+            self._warned.add(why)
+        if why == "full":
+            logger.warning(
+                "tracing: spans are made faster than they are exported (%d wait already, OTEL_BSP_MAX_QUEUE_SIZE); "
+                "spans that find the queue full are dropped and counted in modelserve_spans_dropped_total, and "
+                "requests go on (sample fewer with OTEL_TRACES_SAMPLER_ARG)",
+                self.max_queue,
+            )
+        else:
+            logger.warning(
+                "tracing: %d span(s) could not be exported (is the collector at OTEL_EXPORTER_OTLP_ENDPOINT "
+                "up?); spans that cannot be exported are dropped and counted in modelserve_spans_dropped_total, "
+                "and requests go on",
+                count,
+            )
+
+    def _work(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self.delay)
+            self._wake.clear()
+            self._export()
+
+    def _export(self) -> None:
+        """Export what waits now, a batch at a time."""
+        queue = self.queue
+        with self._exporting:
+            while queue:
+                batch = [queue.popleft() for _ in range(min(self.batch, len(queue)))]
+                try:
+                    result = self.exporter.export(batch)
+                except Exception:  # an exporter must not raise; one that does loses its batch, as a failure would
+                    result = SpanExportResult.FAILURE
+                if result is not SpanExportResult.SUCCESS:
+                    self._drop(len(batch), "failed")
 
     def shutdown(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(10)
+        self._export()
         self.exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.exporter.force_flush(timeout_millis)
+        self._export()
+        return True
 
 
 def dropped_spans() -> int:
-    """Spans this process could not export so far."""
+    """Spans this process could not export so far (the queue full, or the exporter failing)."""
     provider = trace.get_tracer_provider()
     processor = getattr(provider, "_active_span_processor", None)
-    total = 0
-    for one in getattr(processor, "_span_processors", ()):
-        exporter = getattr(one, "span_exporter", None)
-        if isinstance(exporter, _Counted):
-            total += exporter.dropped
-    return total
+    return sum(one.dropped for one in getattr(processor, "_span_processors", ()) if isinstance(one, _Batches))
 
 
 class Tracing:
@@ -179,6 +301,42 @@ class Tracing:
         from modelserve import __version__
 
         self.tracer = provider.get_tracer(SCOPE, __version__)
+        # A finished child span (a stage) is handed to modelserve's own processor as a `ReadableSpan` when the
+        # provider is the one modelserve set up (`_provider`): ~4 us instead of the SDK's ~40 us for a span it
+        # starts and ends. An embedding program's provider gets spans through its tracer (`_finished`).
+        processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", ())
+        ours = [one for one in processors if isinstance(one, _Batches)]
+        self._direct = ours[0] if len(ours) == len(processors) == 1 and isinstance(self.tracer, SdkTracer) else None
+        self._resource = provider.resource if isinstance(provider, TracerProvider) else None
+        self._scope = InstrumentationScope(SCOPE, __version__)
+        self._ids = getattr(self.tracer, "id_generator", None)
+
+    def _finished(self, name: str, parent: trace.Span, start: int, end: int) -> None:
+        """A child of `parent` (a recording span) from `start` to `end` (ns since the epoch), ended already."""
+        if self._direct is None or self._ids is None:
+            with trace.use_span(parent, end_on_exit=False):
+                self.tracer.start_span(name, start_time=start).end(end_time=end)
+            return
+        parent_context = parent.get_span_context()
+        # As the SDK makes a child of a sampled local parent: its trace, flags and state, a new span id.
+        context = SpanContext(
+            parent_context.trace_id,
+            self._ids.generate_span_id(),
+            False,
+            parent_context.trace_flags,
+            parent_context.trace_state,
+        )
+        self._direct.add(
+            ReadableSpan(
+                name,
+                context,
+                parent_context,
+                resource=self._resource,
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=self._scope,
+            )
+        )
 
     # --------------------------------------------------------------------------------------------
     # build time
@@ -216,11 +374,14 @@ class Tracing:
         tracer = self.tracer
 
         async def traced_call(value: Any, ctx: request_context.RequestContext, **options: Any) -> Any:
-            span = trace.get_current_span()
-            span.set_attribute("modelserve.request_id", ctx.request_id)
             traced = _traced.get()
             if traced is not None:  # else a call that no route or job of ours traces (gRPC): no spans of ours
                 traced.called, traced.staged = time.time_ns(), False
+                span = traced.span
+            else:
+                span = trace.get_current_span()
+            if traced is None or not traced.route:
+                span.set_attribute("modelserve.request_id", ctx.request_id)
             try:
                 result = await call(value, ctx, **options)
             except UserCodeError as exc:
@@ -239,6 +400,7 @@ class Tracing:
 
         api.call = traced_call  # type: ignore[method-assign]  # on the instance: the exchanges read it there
         timer = api.metrics.stage_timer
+        finished = self._finished
 
         def traced_timer(name: str, seconds: float) -> None:
             timer(name, seconds)
@@ -251,12 +413,9 @@ class Tracing:
             start = end - int(seconds * 1e9)
             if not traced.staged:
                 traced.staged = True
-                if traced.called and start > traced.called:
-                    tracer.start_span("modelserve.queue", start_time=traced.called).end(end_time=start)
-            span = tracer.start_span(
-                "modelserve.stage." + name, start_time=start, attributes={"modelserve.stage": name}
-            )
-            span.end(end_time=end)
+                if traced.called and start > traced.called:  # the wait for a slot and a worker thread
+                    traced.span.set_attribute("modelserve.queue.duration", (start - traced.called) / 1e9)
+            finished("modelserve.stage." + name, traced.span, start, end)
 
         api.metrics.stage_timer = traced_timer  # type: ignore[method-assign]  # read when the pipeline is built
 
@@ -343,6 +502,13 @@ class Tracing:
                 _traced.reset(token)
 
         return traced()
+
+    # --------------------------------------------------------------------------------------------
+    # WebSockets
+
+    def websocket(self, scope: Scope, route: str, api: str, request_id: str) -> WebSocketTrace:
+        """The server span of a WebSocket session, begun at its handshake (`modelserve.http.websocket`)."""
+        return WebSocketTrace(self, scope, route, api, request_id)
 
     # --------------------------------------------------------------------------------------------
     # logs
@@ -473,8 +639,11 @@ class _TracedRoute:
         self.route = route
         endpoint = getattr(handler, "__self__", None)
         api = getattr(endpoint, "api", None)
-        self.api: Api | None = api
         self.latency = api.metrics.latency if api is not None else None
+        #: What every request of this route has in common, copied into each span's attributes.
+        self.attributes: dict[str, Any] = {"http.route": route}
+        if api is not None:
+            self.attributes["modelserve.api"] = api.name
 
     @property
     def __self__(self) -> object:
@@ -485,21 +654,15 @@ class _TracedRoute:
         return getattr(self.handler, "__func__", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        carrier = {}
-        for key, value in scope["headers"]:
-            if key in _PROPAGATED:
-                carrier[key.decode("latin-1")] = value.decode("latin-1")
         started = time.perf_counter()
         method = scope["method"]  # HEAD too, on a GET route
         span = self.tracer.start_span(
             f"{method} {self.route}",
-            context=propagate.extract(carrier),
+            context=_parent(scope),
             kind=SpanKind.SERVER,
-            attributes={"http.request.method": method, "http.route": self.route, "url.path": scope["path"]},
+            attributes=_server_attributes(scope, self.attributes, method),
         )
-        if span.is_recording():  # the rest only for a sampled request
-            span.set_attributes(self._attributes(scope))
-        traced = _Traced(span)
+        traced = _Traced(span, route=True)
         token = otel_context.attach(trace.set_span_in_context(span))
         traced_token = _traced.set(traced)
         status = 0
@@ -512,13 +675,10 @@ class _TracedRoute:
                 for key, value in headers:
                     if key == b"x-request-id":
                         span.set_attribute("modelserve.request_id", value.decode("latin-1"))
-                answer: dict[str, str] = {}
-                _W3C.inject(answer)
-                headers += [(key.encode("latin-1"), value.encode("latin-1")) for key, value in answer.items()]
+                headers += _trace_headers(span.get_span_context())
                 message = {**message, "headers": headers}
-                if traced.returned:
-                    encoded = self.tracer.start_span("modelserve.encode", start_time=traced.returned)
-                    encoded.end()
+                if traced.returned:  # the time from the result to the answer's first byte
+                    span.set_attribute("modelserve.encode.duration", (time.time_ns() - traced.returned) / 1e9)
             await send(message)
 
         try:
@@ -529,12 +689,7 @@ class _TracedRoute:
         finally:
             _traced.reset(traced_token)
             otel_context.detach(token)
-            if status:
-                span.set_attribute("http.response.status_code", status)
-                if status >= 400:
-                    span.set_attribute("error.type", str(status))
-                    span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
-            span.end()
+            _end_server_span(span, status)
             if self.latency is not None and span.get_span_context().trace_flags.sampled:
                 from modelserve.metrics import set_exemplar
 
@@ -542,27 +697,133 @@ class _TracedRoute:
                     self.latency, time.perf_counter() - started, format(span.get_span_context().trace_id, "032x")
                 )
 
-    def _attributes(self, scope: Scope) -> dict[str, Any]:
-        attributes: dict[str, Any] = {
-            "url.scheme": scope.get("scheme", "http"),
-            "network.protocol.version": scope.get("http_version", "1.1"),
-        }
-        if self.api is not None:
-            attributes["modelserve.api"] = self.api.name
-        query = scope.get("query_string")
-        if query:
-            attributes["url.query"] = query.decode("latin-1")
-        server = scope.get("server")
-        if server:
-            attributes["server.address"], attributes["server.port"] = server[0], server[1]
-        client = scope.get("client")
-        if client:
-            attributes["client.address"], attributes["client.port"] = client[0], client[1]
-        for key, value in scope["headers"]:
-            if key == b"user-agent":
-                attributes["user_agent.original"] = value.decode("latin-1")
-                break
-        return attributes
+
+def _parent(scope: Scope) -> otel_context.Context:
+    """The caller's context from a request's ``traceparent``, ``tracestate`` and ``baggage``; a new trace
+    without them."""
+    carrier = None
+    for key, value in scope["headers"]:
+        if key in _PROPAGATED:
+            if carrier is None:
+                carrier = {}
+            carrier[key.decode("latin-1")] = value.decode("latin-1")
+    return propagate.extract(carrier) if carrier is not None else _NEW_TRACE
+
+
+def _server_attributes(scope: Scope, common: dict[str, Any], method: str) -> dict[str, Any]:
+    """A server span's attributes (OpenTelemetry's HTTP semantic conventions), known when the request arrives.
+
+    One dict given to `start_span`: the SDK checks each attribute once, where `set_attribute` after the start
+    takes a lock each time. ``client.port`` (opt-in in the conventions) is left out."""
+    attributes = {
+        **common,
+        "http.request.method": method,
+        "url.path": scope["path"],
+        "url.scheme": scope.get("scheme", "http"),
+        "network.protocol.version": scope.get("http_version", "1.1"),
+    }
+    query = scope.get("query_string")
+    if query:
+        attributes["url.query"] = query.decode("latin-1")
+    server = scope.get("server")
+    if server:
+        attributes["server.address"], attributes["server.port"] = server[0], server[1]
+    client = scope.get("client")
+    if client:
+        attributes["client.address"] = client[0]
+    for key, value in scope["headers"]:
+        if key == b"user-agent":
+            attributes["user_agent.original"] = value.decode("latin-1")
+            break
+    return attributes
+
+
+def _trace_headers(context: SpanContext) -> list[tuple[bytes, bytes]]:
+    """``traceparent`` (and ``tracestate``) naming the span of `context`, for the answer."""
+    if not context.is_valid:
+        return []
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    headers = [(b"traceparent", parent.encode("latin-1"))]
+    if context.trace_state:
+        headers.append((b"tracestate", context.trace_state.to_header().encode("latin-1")))
+    return headers
+
+
+def _end_server_span(span: trace.Span, status: int) -> None:
+    if status:
+        if status >= 400:
+            span.set_attributes({"http.response.status_code": status, "error.type": str(status)})
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        else:
+            span.set_attribute("http.response.status_code", status)
+    span.end()
+
+
+class WebSocketTrace:
+    """The server span of one WebSocket session and a ``modelserve.websocket.message`` span per message it
+    handles; `modelserve.http.websocket` calls it at the session's steps.
+
+    The session span continues the handshake's ``traceparent`` and is current from the handshake on; the
+    accept carries ``traceparent`` (`accepted`). A message's span begins when it arrives (`received`) and ends
+    when it is handled (`handled`: the app asks for the next message, or has answered it); it is current
+    meanwhile, so the stages that handle it are its children and user code sees it."""
+
+    def __init__(self, tracing: Tracing, scope: Scope, route: str, api: str, request_id: str) -> None:
+        self.tracing = tracing
+        common = {"http.route": route, "modelserve.api": api, "modelserve.request_id": request_id}
+        self.span = tracing.tracer.start_span(
+            f"GET {route}",
+            context=_parent(scope),
+            kind=SpanKind.SERVER,
+            attributes=_server_attributes(scope, common, "GET"),
+        )
+        self.traced = _Traced(self.span)
+        self.context = trace.set_span_in_context(self.span)
+        self._token = otel_context.attach(self.context)
+        self._traced_token = _traced.set(self.traced)
+        self.message: trace.Span | None = None
+        self.messages = 0
+
+    def accepted(self, message: Message) -> Message:
+        """The accept, with ``traceparent`` naming the session's span among its headers."""
+        headers = [*message.get("headers", ()), *_trace_headers(self.span.get_span_context())]
+        return {**message, "headers": headers}
+
+    def received(self, message: Message) -> None:
+        """A message arrived: its span begins (ending the one before, if it was not handled) and is current."""
+        self.handled()
+        self.messages += 1
+        if not self.span.is_recording():
+            return
+        data = message.get("bytes")
+        size = len(data) if data is not None else len((message.get("text") or "").encode("utf-8"))
+        attributes = {"modelserve.websocket.message.type": "bytes" if data is not None else "text"}
+        attributes["modelserve.websocket.message.size"] = size  # type: ignore[assignment]
+        self.message = self.tracing.tracer.start_span(
+            "modelserve.websocket.message", context=self.context, attributes=attributes
+        )
+        otel_context.attach(trace.set_span_in_context(self.message))  # undone by `handled` or the session's end
+        _traced.set(_Traced(self.message))
+
+    def handled(self) -> None:
+        """The message being handled was: its span ends, and the session's span is current again."""
+        if self.message is None:
+            return
+        self.message.end()
+        self.message = None
+        otel_context.attach(self.context)
+        _traced.set(self.traced)
+
+    def end(self, status: int, error: BaseException | None = None) -> None:
+        """The session ended with `status` (101 as it should, 499 left by its client, else an error's);
+        called where the span began (the context it attached is given back there)."""
+        self.handled()
+        _traced.reset(self._traced_token)
+        otel_context.detach(self._token)
+        if error is not None:
+            _record_error(self.span, error)
+        self.span.set_attribute("modelserve.websocket.messages", self.messages)
+        _end_server_span(self.span, status)
 
 
 #: The request headers a trace is continued from (W3C trace context and baggage).

@@ -20,6 +20,10 @@ by the API's ``max_body_size`` (a larger one closes with 1009; the server's own 
 16 MiB, is met first). Close codes: 1000 when the call ends, 1003 for a Truss API without a websocket method (as
 Truss), 1011 when user code fails (the reason names no internals; the traceback is in the log with the request
 id), 1013 when the call took longer than the API's timeout. Pings are uvicorn's (``ws_ping_interval``).
+
+With tracing on, a session is a server span continuing the handshake's ``traceparent``, and each message it
+handles a child span (`modelserve.tracing.WebSocketTrace`): `serve` begins and ends it, `Session` tells it the
+messages and puts ``traceparent`` on the accept.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from modelserve.logs import access_writer
 if TYPE_CHECKING:
     from modelserve.http.guard import Guard
     from modelserve.server import ModelServer
+    from modelserve.tracing import Tracing, WebSocketTrace
 
 logger = logging.getLogger("modelserve")
 
@@ -131,18 +136,33 @@ async def serve(scope: Scope, receive: Receive, send: Send, table: RouteTable, g
     if endpoint is None:
         await deny(scope, send, NotFound(f"no WebSocket at {path}"), request_id)
         return
+    owner = endpoint.__self__
+    tracing = owner.tracing
+    traced = (
+        tracing.websocket(scope, found[0].path if found else path, owner.api.name, request_id)
+        if tracing is not None
+        else None
+    )
     refused = check(guard, scope, path)
     if refused is not None:
         await deny(scope, send, refused, request_id)
+        if traced is not None:
+            traced.end(getattr(refused, "status_code", Forbidden.status_code))
         return
-    owner = endpoint.__self__
     session = Session(receive, send, owner.api.config.max_body_size, owner.api.config.websocket_idle_timeout)
+    session.trace = traced
     owner.sessions.add(session)
+    error: BaseException | None = None
     try:
         await endpoint(scope, session, request_id)
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         owner.sessions.discard(session)
         session.end()
+        if traced is not None:
+            traced.end(session.status, error)
 
 
 class Session:
@@ -159,6 +179,11 @@ class Session:
         self.closed = False
         #: Whether the server's shutdown closed the session.
         self.gone = False
+        #: The status the session ended with (`_Endpoint.answered`); 0 until then.
+        self.status = 0
+        #: With tracing on, its span (`modelserve.tracing.WebSocketTrace`): told each message as it arrives, and
+        #: that the one before was handled when the app asks for the next.
+        self.trace: WebSocketTrace | None = None
 
     async def send(self, message: Message) -> None:
         if self.closed and message["type"] != "websocket.accept":
@@ -167,10 +192,14 @@ class Session:
             raise ConnectionResetError("the WebSocket is closed")  # what stops a stream once it was closed
         if message["type"] == "websocket.close":
             self.closed = True
+        elif message["type"] == "websocket.accept" and self.trace is not None:
+            message = self.trace.accepted(message)
         self.last = time.monotonic()
         await self._send(message)
 
     async def receive(self) -> Message:
+        if self.trace is not None:
+            self.trace.handled()
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._receive())
         while not self._pending.done():
@@ -186,6 +215,8 @@ class Session:
             size = len(data) if data is not None else len(text.encode("utf-8")) if text is not None else 0
             if size > self.limit:
                 return await self._refuse(TOO_BIG, f"message larger than the limit of {self.limit} bytes")
+            if self.trace is not None:
+                self.trace.received(message)
         return message
 
     async def _refuse(self, code: int, reason: str) -> Message:
@@ -232,10 +263,12 @@ def _close_code(error: BaseException) -> tuple[int, str]:
 class _Endpoint:
     """What both WebSocket routes share: the plain-HTTP answer, admission, the call, and the close."""
 
-    def __init__(self, api: Api, sessions: Sessions) -> None:
+    def __init__(self, api: Api, sessions: Sessions, tracing: Tracing | None = None) -> None:
         self.api = api
         self.access_log = access_writer()
         self.sessions = sessions
+        #: With tracing on, what makes each session's span (`serve`).
+        self.tracing = tracing
 
     def answered(self, scope: Scope, session: Session, status: int, started: float, request_id: str) -> None:
         """The connection's metrics and access line, when it ends: 101 (the handshake's status) for a session
@@ -243,6 +276,7 @@ class _Endpoint:
         shutdown closed it, else the error's status."""
         if session.gone:
             status = ServiceUnavailable.status_code
+        session.status = status
         seconds = time.perf_counter() - started
         self.api.metrics.answered(status, seconds)
         if self.access_log is not None:
@@ -270,11 +304,12 @@ class _Endpoint:
                 return _FAILED, ClientDisconnected.status_code
             return _FAILED, await _failed(websocket, exc, ctx.request_id)
 
-    async def _admitted(self, scope: Scope, send: Send, request_id: str) -> bool:
+    async def _admitted(self, scope: Scope, session: Session, request_id: str) -> bool:
         try:
             self.api.admit(0)
         except ServiceUnavailable as exc:
-            await deny(scope, send, exc, request_id)
+            session.status = exc.status_code
+            await deny(scope, session.send, exc, request_id)
             return False
         return True
 
@@ -302,7 +337,7 @@ class TrussWebSocket(_Endpoint):
             await websocket.accept()
             await websocket.close(UNSUPPORTED, NOT_IMPLEMENTED)
             return
-        if not await self._admitted(scope, session.send, request_id):
+        if not await self._admitted(scope, session, request_id):
             return
         started = time.perf_counter()
         await websocket.accept(_key_protocol(scope))
@@ -320,7 +355,7 @@ class ApiWebSocket(_Endpoint):
 
     async def websocket(self, scope: Scope, session: Session, request_id: str) -> None:
         websocket = WebSocket(scope, session.receive, session.send)
-        if not await self._admitted(scope, session.send, request_id):
+        if not await self._admitted(scope, session, request_id):
             return
         started = time.perf_counter()
         await websocket.accept(_key_protocol(scope))
@@ -333,6 +368,7 @@ class ApiWebSocket(_Endpoint):
         if message["type"] == "websocket.disconnect":
             self.api.unadmit(0)
             return
+        traced, session.trace = session.trace, None  # the one message handled: `_Closed`'s reads are not
         session.idle = math.inf  # the call's own bound is the API's timeout; a stream's chunks are sent as made
         text = message.get("text")
         if text is not None:
@@ -345,6 +381,8 @@ class ApiWebSocket(_Endpoint):
         result, status = await self._run(websocket, session, value, ctx, cancelled=_Closed(websocket))
         if result is not _FAILED:
             status = await self._answer(websocket, result, request_id)
+        if traced is not None:
+            traced.handled()
         self.answered(scope, session, status, started, request_id)
 
     async def _answer(self, websocket: WebSocket, result: Any, request_id: str) -> int:
@@ -402,11 +440,21 @@ def routes(server: ModelServer) -> list[Route]:
         logger.warning("several APIs have a websocket method; /v1/websocket serves '%s'", with_method[0].name)
     sessions = Sessions()
     server.companions.append(sessions)
+    tracing = _tracing(server)
     if with_method or len(truss) == 1:
-        table.append(Route(PATH, {"GET": TrussWebSocket((with_method or truss)[0], sessions).get}))
+        table.append(Route(PATH, {"GET": TrussWebSocket((with_method or truss)[0], sessions, tracing).get}))
     for api in realtime:
-        table.append(Route(f"/{api.name}/ws", {"GET": ApiWebSocket(api, sessions).get}))
+        table.append(Route(f"/{api.name}/ws", {"GET": ApiWebSocket(api, sessions, tracing).get}))
     return table
+
+
+def _tracing(server: ModelServer) -> Tracing | None:
+    """The process's tracing when the server's project has it on (`modelserve.tracing`, imported only then)."""
+    if not server.project.tracing:
+        return None
+    from modelserve.tracing import install
+
+    return install()
 
 
 class Sessions(set[Session]):
