@@ -198,6 +198,8 @@ class _Batches(SpanProcessor):
         self.max_queue = _setting("OTEL_BSP_MAX_QUEUE_SIZE", 8192)
         self.batch = min(_setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 2048), self.max_queue)
         self.delay = _setting("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        #: How long the shutdown waits for the last export (a collector that never answers must not hold the exit).
+        self.timeout = _setting("OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000
         self.queue: deque[ReadableSpan] = deque()
         #: Spans dropped so far: the queue full, or their batch failed to export.
         self.dropped = 0
@@ -259,6 +261,7 @@ class _Batches(SpanProcessor):
             self._wake.wait(self.delay)
             self._wake.clear()
             self._export()
+        self._export()  # what the shutdown left
 
     def _export(self) -> None:
         """Export what waits now, a batch at a time."""
@@ -278,8 +281,7 @@ class _Batches(SpanProcessor):
             return
         self._stopped = True
         self._wake.set()
-        self._thread.join(10)
-        self._export()
+        self._thread.join(self.timeout)
         self.exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

@@ -1,5 +1,6 @@
-"""A real OTLP/HTTP receiver for the tracing tests: a loopback HTTP server that decodes what the exporter posts
-with OpenTelemetry's own protobuf messages (`opentelemetry-proto`), and the spans it received."""
+"""Real OTLP receivers for the tracing tests: a loopback HTTP server (`Receiver`) and a loopback gRPC server
+(`GrpcReceiver`, OpenTelemetry's own TraceService) that decode what the exporters send with OpenTelemetry's own
+protobuf messages (`opentelemetry-proto`), and the spans they received."""
 
 from __future__ import annotations
 
@@ -131,6 +132,35 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class GrpcReceiver(Receiver):
+    """OTLP over gRPC on 127.0.0.1: ``TraceService/Export`` as `opentelemetry-proto` declares it."""
+
+    def __init__(self) -> None:  # in place of `Receiver`'s HTTP server
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        self.spans = []
+        self.posts = 0
+        self._changed = threading.Condition()
+        receiver = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:  # noqa: N802 - the service's name
+                receiver._add(request)
+                return ExportTraceServiceResponse()
+
+        self.grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.grpc_server)
+        port = self.grpc_server.add_insecure_port("127.0.0.1:0")
+        self.grpc_server.start()
+        self.endpoint = f"http://127.0.0.1:{port}"
+
+    def close(self) -> None:
+        self.grpc_server.stop(0)
 
 
 def env(receiver: Receiver, service: str = "modelserve-test") -> dict[str, str]:
