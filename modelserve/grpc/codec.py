@@ -48,20 +48,25 @@ def parameters(entries: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def decode_infer(request: Any, text: bool) -> InferRequest:
-    """The inputs of a ``ModelInferRequest``; `text`: BYTES elements become str (a runtime's string tensors)."""
+def decode_infer(request: Any, text: bool, room: int) -> InferRequest:
+    """The inputs of a ``ModelInferRequest``; `text`: BYTES elements become str (a runtime's string tensors);
+    `room`: the message's size (``ByteSize()``), which bounds every input's element count."""
     raw = request.raw_input_contents
     tensors = request.inputs
-    if not tensors:
+    count_in = len(tensors)
+    if not count_in:
         raise BadRequest("the inference request has no inputs")
-    if raw and len(raw) != len(tensors):
+    if raw and len(raw) != count_in:
         raise BadRequest(
-            f"raw_input_contents holds {len(raw)} entries for {len(tensors)} inputs; send every input's data there, "
+            f"raw_input_contents holds {len(raw)} entries for {count_in} inputs; send every input's data there, "
             "in the order of the inputs, or none"
         )
-    room = request.ByteSize()
-    inputs = V2Inputs.of(parameters=parameters(request.parameters))
-    for index, tensor in enumerate(tensors):
+    given = request.parameters
+    inputs = V2Inputs.of(parameters=parameters(given) if given else None)
+    # By index, not `for tensor in tensors`: an iterator over a repeated field costs more than the few
+    # inputs a request has (2.1 us against 0.6 us for one, measured in-process).
+    for index in range(count_in):
+        tensor = tensors[index]
         name = tensor.name
         if not name:
             raise BadRequest(f"input {index} has no name")
@@ -75,8 +80,7 @@ def decode_infer(request: Any, text: bool) -> InferRequest:
         if raw:
             if tensor.HasField("contents"):
                 raise BadRequest(f"input '{name}' has both contents and raw_input_contents; send one")
-            data = raw[index]
-            inputs[name] = from_binary(name, datatype, shape, data, 0, len(data), text, count)
+            inputs[name] = _from_raw(name, datatype, shape, raw[index], count, text)
         else:
             inputs[name] = _from_contents(name, datatype, shape, tensor.contents, count, text)
     outputs: dict[str, bool | None] | None = None
@@ -88,6 +92,25 @@ def decode_infer(request: Any, text: bool) -> InferRequest:
                     raise BadRequest(f"output '{wanted.name}': {unsupported} is not supported by modelserve")
             outputs[wanted.name] = None
     return InferRequest(request.id or None, inputs, outputs, True)
+
+
+#: The numpy dtype of each datatype whose raw contents `_from_raw` views itself.
+_VIEWED = {name: dtype for name, dtype in FIXED.items() if name != "BOOL"}
+
+
+def _from_raw(name: str, datatype: str, shape: list[int], data: bytes, count: int, text: bool) -> np.ndarray:
+    """An input's raw contents, viewed without a copy. The usual numeric datatypes are viewed here, with the
+    check of `modelserve.v2.from_binary` (the data holds exactly the shape's elements) and none of its keyword
+    calls (1 us against 2.7 us a tensor, measured in-process); the others (BYTES, BOOL, BF16) go through it."""
+    dtype = _VIEWED.get(datatype)
+    if dtype is None:
+        return from_binary(name, datatype, shape, data, 0, len(data), text, count)
+    if len(data) != count * dtype.itemsize:
+        raise BadRequest(
+            f"input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
+            f"raw_input_contents holds {len(data)}"
+        )
+    return np.frombuffer(data, dtype, count).reshape(shape)
 
 
 def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, count: int, text: bool) -> np.ndarray:
@@ -122,10 +145,14 @@ def encode_infer(model_name: str, version: str, request: InferRequest, outputs: 
 
     A datatype numpy cannot give raises `TypeError` (the model's fault)."""
     response = pb.ModelInferResponse(model_name=model_name, model_version=version, id=request.id or "")
+    add, append = response.outputs.add, response.raw_output_contents.append
     names = outputs if request.outputs is None else request.outputs
     for name in names:
         array = outputs[name]
         datatype = datatype_of(array.dtype)
-        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        response.raw_output_contents.append(bytes(to_binary(array, datatype)))
+        add(name=name, datatype=datatype, shape=array.shape)
+        if datatype == "BYTES" or array.dtype.byteorder == ">":
+            append(bytes(to_binary(array, datatype)))
+        else:  # little-endian values in C order, one copy (0.1 us against 2.6 us through to_binary's view)
+            append(array.tobytes())
     return response

@@ -70,6 +70,17 @@ def _metadata(context: Any) -> dict[str, str]:
     return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
+def _request_id(request: Any, context: Any) -> str:
+    """The call's request id: the request's ``id``, else its ``x-request-id`` metadata, else a new one."""
+    given = request.id
+    if not given:
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-request-id" and isinstance(value, str):
+                given = value
+                break
+    return sane_request_id(given or None)
+
+
 class RpcEnded:
     """`Api.call`'s `cancelled` for a gRPC call (a `modelserve.watch.Subscribable`): completes when the RPC
     ends before its answer, because the client cancelled it or its deadline passed."""
@@ -285,7 +296,7 @@ class InferenceServicer:
     # inference
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        request_id = sane_request_id(request.id or _metadata(context).get("x-request-id"))
+        request_id = _request_id(request, context)
         try:
             return await self._infer(request, context, request_id)
         except HTTPError as exc:
@@ -356,7 +367,7 @@ class InferenceServicer:
             api.admit(size)
             try:
                 signature = model.signature()
-                decoded = decode_infer(request, signature.text)
+                decoded = decode_infer(request, signature.text, size)
                 signature.check(decoded)
             except BaseException:
                 api.unadmit(size)
