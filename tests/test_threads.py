@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
+import sys
 import threading
 import time
 
@@ -67,3 +69,27 @@ def test_shutdown_lets_the_idle_threads_go() -> None:
         worker.join(2)
         assert not worker.is_alive()
     assert asyncio.run(_threads.run_sync(lambda: 42)) == 42  # a new pool on demand
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+def test_batch_threads_yield_the_core_to_the_event_loop() -> None:
+    threads = _threads.BatchThreads("nice", 2)
+    threads.start()
+    try:
+        nice_values: list[int] = []
+        done = threading.Event()
+
+        def record(result: object, error: BaseException | None) -> None:
+            assert error is None
+            nice_values.append(int(result))  # type: ignore[call-overload]
+            if len(nice_values) == 2:
+                done.set()
+
+        for _ in range(2):
+            threads.submit(os.getpriority, (os.PRIO_PROCESS, 0), record)
+        assert done.wait(10)
+        expected = min(os.getpriority(os.PRIO_PROCESS, 0) + _threads.BATCH_THREAD_NICE, 19)
+        assert nice_values == [expected, expected]
+        assert os.getpriority(os.PRIO_PROCESS, 0) < expected  # the calling thread (the loop's) keeps its own
+    finally:
+        threads.close()
