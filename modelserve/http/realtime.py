@@ -32,10 +32,11 @@ class RealtimeEndpoint(Exchange):
 
 
 def routes(server: ModelServer) -> list[Route]:
-    """``/<api>`` of each realtime API (and ``/`` too, when it is the server's only API)."""
+    """``/<api>`` of each realtime API (and ``/`` too, when it is the server's only API); those of an API with
+    numbered versions are `modelserve.http.versions`'s, which follow its versions."""
     table = []
     for api in server.apis.values():
-        if api.config.kind == "realtime":
+        if api.config.kind == "realtime" and api.name not in server.versions:
             endpoint = RealtimeEndpoint(api)
             paths = [f"/{api.name}", "/"] if len(server.apis) == 1 else [f"/{api.name}"]
             for path in paths:

@@ -210,3 +210,41 @@ def test_the_native_route_of_each_version(server: Any) -> None:
     assert httpx.post(f"{server.url}/every", json={"x": [1.0]}).json() == {"y": [4.0]}  # the highest
     assert httpx.get(f"{server.url}/every/versions/2").json()["model"]["path"] == "models/plus/2/model.onnx"
     assert httpx.post(f"{server.url}/chosen/versions/2", json={"x": [1.0]}).status_code == 404
+
+
+def test_the_native_routes_follow_loads_and_unloads(start_server: Any, tmp_path: Path) -> None:
+    root = versioned_project(tmp_path)
+    server = start_server(root, "--model-control", "explicit", "--load-model", "latest", "--load-model", "every")
+    server.wait_ready(timeout=90)
+    url = server.url
+    tensor = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+
+    def native(path: str) -> httpx.Response:
+        return httpx.post(f"{url}{path}", json={"x": [1.0]})
+
+    def both(name: str, version: str) -> tuple[httpx.Response, httpx.Response]:
+        """The native answer and V2's for one version."""
+        v2 = httpx.post(f"{url}/v2/models/{name}/versions/{version}/infer", json=tensor)
+        return native(f"/{name}/versions/{version}"), v2
+
+    assert native("/latest").json() == native("/latest/versions/3").json() == {"y": [4.0]}
+    assert native("/latest/versions/4").status_code == 404
+    plus_onnx(root / "models" / "plus" / "4" / "model.onnx", 4.0)
+    for name in ("latest", "every"):
+        assert httpx.post(f"{url}/v2/repository/models/{name}/load").status_code == 200
+    # the version the loads added, by its number and (the highest) without one
+    assert native("/latest/versions/4").json() == native("/latest").json() == {"y": [5.0]}
+    assert native("/every/versions/4").json() == native("/every").json() == {"y": [5.0]}
+    assert native("/every/versions/1").json() == {"y": [2.0]}
+    assert httpx.get(f"{url}/latest/versions/4").json()["model"]["path"] == "models/plus/4/model.onnx"
+    # the version a load retired: V2's 404, in V2's words
+    retired, v2 = both("latest", "3")
+    assert retired.status_code == v2.status_code == 404
+    assert retired.json()["error"] == v2.json()["error"] == "Request for unknown model: 'latest' version 3 is not found"
+    assert httpx.get(f"{url}/latest/versions/3").status_code == 404
+    # an unloaded model: V2's 503
+    assert httpx.post(f"{url}/v2/repository/models/every/unload").status_code == 200
+    unloaded, v2 = both("every", "2")
+    assert unloaded.status_code == v2.status_code == 503
+    assert unloaded.json()["error"] == v2.json()["error"]
+    assert native("/every").status_code == 503
