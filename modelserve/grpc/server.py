@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -29,13 +29,17 @@ from modelserve.grpc.servicer import InferenceServicer
 from modelserve.http.auth import ApiKeys
 from modelserve.server import ModelServer
 
+if TYPE_CHECKING:
+    from modelserve.grpc.tracing import TracedCalls
+
 logger = logging.getLogger("modelserve")
 
 SERVICE = "inference.GRPCInferenceService"
 
 
-def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
-    """The service's methods that `servicer` implements, by the descriptor of the vendored proto."""
+def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = None) -> grpc.GenericRpcHandler:
+    """The service's methods that `servicer` implements, by the descriptor of the vendored proto; with `traced`
+    (tracing on), those that run an API in their server spans."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     methods = {}
     for method in service.methods:
@@ -47,6 +51,8 @@ def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
             make = grpc.stream_stream_rpc_method_handler
         else:
             make = grpc.unary_unary_rpc_method_handler
+        if traced is not None:
+            function = traced.wrap(method.name, function, method.client_streaming)
         methods[method.name] = make(
             function, request_deserializer=request.FromString, response_serializer=response.SerializeToString
         )
@@ -86,7 +92,12 @@ class GrpcServer:
                 ("grpc.max_send_message_length", -1),
             ]
         )
-        server.add_generic_rpc_handlers((inference_handler(self.servicer),))
+        traced = None
+        if self.server.project.tracing:  # imported only when tracing is on, as `modelserve.tracing` is
+            from modelserve.grpc.tracing import TracedCalls
+
+            traced = TracedCalls(SERVICE, self.host, self.port)
+        server.add_generic_rpc_handlers((inference_handler(self.servicer, traced),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         await self._set_health()
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
@@ -104,6 +115,8 @@ class GrpcServer:
         if not bound:
             raise LoadError(f"gRPC: cannot listen on {address}")
         self.port = bound
+        if traced is not None:
+            traced.port = bound
         await server.start()
         self._grpc = server
         self._watching = asyncio.get_running_loop().create_task(self._follow_loading())
