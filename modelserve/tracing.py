@@ -134,10 +134,26 @@ def _provider() -> trace.TracerProvider:
         "service.version": __version__,
         "process.pid": os.getpid(),  # which worker of --workers N made the span
     }
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = TracerProvider(resource=_Resource(Resource.create(attributes)))
     provider.add_span_processor(_Batches(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+class _Resource(Resource):
+    """The process's resource, its hash computed once: the SDK's OTLP encoder groups the spans of each batch by
+    their resource, hashing it for every span, and the SDK's hash is a JSON dump of its attributes (~10 us a
+    span on the 2-core machine, a fifth of the encoding)."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or super().__eq__(other)
 
 
 def _exporter() -> SpanExporter:
