@@ -9,6 +9,8 @@ access lines off:
 * ``on``: this checkout, ``MODELSERVE_TRACING=1`` with ``OTEL_TRACES_SAMPLER=always_on`` (every request
   traced), exporting over OTLP/HTTP to a receiver on the loopback that reads each post and discards it (a
   process of its own, on wrk's CPU);
+* ``on-1%``: the same, sampling one trace in a hundred (``parentbased_traceidratio``, ``0.01``): what the
+  requests that are not sampled cost;
 * ``before`` (with ``--baseline DIR``, a checkout from before tracing existed, e.g. ``git worktree add
   /tmp/before-tracing 7fc688f^``): the same project served by that checkout's modelserve.
 
@@ -137,7 +139,8 @@ def main() -> None:
             f"OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url}",
             *ms,
         ]
-        commands = {"off": ["env", "-u", "MODELSERVE_TRACING", *ms], "on": traced}
+        sampled = [*traced[:2], "OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0.01"]
+        commands = {"off": ["env", "-u", "MODELSERVE_TRACING", *ms], "on": traced, "on-1%": sampled + traced[3:]}
         if args.baseline is not None:
             commands["before"] = ["env", "-u", "MODELSERVE_TRACING", f"PYTHONPATH={args.baseline.resolve()}", *ms]
         servers: dict[str, ServerProcess] = {}
@@ -151,7 +154,9 @@ def main() -> None:
                 answer.raise_for_status()
                 got = np.asarray(answer.json()["outputs"], np.float32).reshape(-1)
                 np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=name)  # the same work
-                assert ("traceparent" in answer.headers) == (name == "on"), f"{name}: tracing is not as it should be"
+                assert ("traceparent" in answer.headers) == name.startswith("on"), (
+                    f"{name}: tracing is not as it should be"
+                )
                 wrk(f"{server.url}/iris", script, 16, 1.0, wrk_cpu)  # warm up
             for _ in range(args.rounds):
                 for connections in levels:
@@ -184,26 +189,22 @@ def main() -> None:
             )
     print()
     print(f"{'':<40}" + "".join(f"{str(c) + ' conn':>10}" for c in levels))
-    rows = [("off / before (req/s; target >= 0.99x)", "off", "before"), ("on / off (req/s)", "on", "off")]
+    rows = [
+        ("off / before (req/s; target >= 0.99x)", "off", "before"),
+        ("on / off (req/s)", "on", "off"),
+        ("on-1% / off (req/s)", "on-1%", "off"),
+    ]
     for label, target, base_name in rows:
         if base_name not in servers:
             continue
         cells = [f"{paired_ratios(results[(target, c)], results[(base_name, c)])[0]:.2f}x" for c in levels]
         print(f"{label:<40}" + "".join(f"{cell:>10}" for cell in cells))
-    cost_cpu = [
-        statistics.median(
-            on.cpu_us - off.cpu_us for on, off in zip(results[("on", c)], results[("off", c)], strict=True)
-        )
-        for c in levels
-    ]
-    cost_time = [
-        statistics.median(
-            1e6 / on.rps - 1e6 / off.rps for on, off in zip(results[("on", c)], results[("off", c)], strict=True)
-        )
-        for c in levels
-    ]
-    print(f"{'cost per request, server CPU (us)':<40}" + "".join(f"{cost:>10.1f}" for cost in cost_cpu))
-    print(f"{'cost per request, wall time (us)':<40}" + "".join(f"{cost:>10.1f}" for cost in cost_time))
+    for name in ("on", "on-1%"):
+        pairs = [list(zip(results[(name, c)], results[("off", c)], strict=True)) for c in levels]
+        cost_cpu = [statistics.median(on.cpu_us - off.cpu_us for on, off in pair) for pair in pairs]
+        cost_time = [statistics.median(1e6 / on.rps - 1e6 / off.rps for on, off in pair) for pair in pairs]
+        print(f"{name + ': cost per request, server CPU (us)':<40}" + "".join(f"{cost:>10.1f}" for cost in cost_cpu))
+        print(f"{name + ': cost per request, wall time (us)':<40}" + "".join(f"{cost:>10.1f}" for cost in cost_time))
     print(f"spans dropped by the 'on' server (modelserve_spans_dropped_total): {spans_dropped:.0f}")
 
 

@@ -684,6 +684,7 @@ class _TracedRoute:
         token = otel_context.attach(trace.set_span_in_context(span))
         traced_token = _traced.set(traced)
         status = 0
+        answered: dict[str, Any] = {}  # the attributes the answer tells, set with the status at the end (one lock)
 
         async def traced_send(message: Message) -> None:
             nonlocal status
@@ -692,11 +693,11 @@ class _TracedRoute:
                 headers = list(message.get("headers", ()))
                 for key, value in headers:
                     if key == b"x-request-id":
-                        span.set_attribute("modelserve.request_id", value.decode("latin-1"))
+                        answered["modelserve.request_id"] = value.decode("latin-1")
                 headers += _trace_headers(span.get_span_context())
                 message = {**message, "headers": headers}
                 if traced.returned:  # the time from the result to the answer's first byte
-                    span.set_attribute("modelserve.encode.duration", (time.time_ns() - traced.returned) / 1e9)
+                    answered["modelserve.encode.duration"] = (time.time_ns() - traced.returned) / 1e9
             await send(message)
 
         try:
@@ -707,7 +708,7 @@ class _TracedRoute:
         finally:
             _traced.reset(traced_token)
             otel_context.detach(token)
-            _end_server_span(span, status)
+            _end_server_span(span, status, answered)
             if self.latency is not None and span.get_span_context().trace_flags.sampled:
                 from modelserve.metrics import set_exemplar
 
@@ -767,13 +768,15 @@ def _trace_headers(context: SpanContext) -> list[tuple[bytes, bytes]]:
     return headers
 
 
-def _end_server_span(span: trace.Span, status: int) -> None:
+def _end_server_span(span: trace.Span, status: int, attributes: dict[str, Any] | None = None) -> None:
+    attributes = attributes if attributes is not None else {}
     if status:
+        attributes["http.response.status_code"] = status
         if status >= 400:
-            span.set_attributes({"http.response.status_code": status, "error.type": str(status)})
+            attributes["error.type"] = str(status)
             span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
-        else:
-            span.set_attribute("http.response.status_code", status)
+    if attributes:
+        span.set_attributes(attributes)
     span.end()
 
 
