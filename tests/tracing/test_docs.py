@@ -1,5 +1,6 @@
 """docs/observability.md's "Traces" section says what is true: its yaml turns tracing on, its walkthrough's
-command and curl give the span tree it draws, and its snippet continues the trace into another API."""
+command and curl give the span tree it draws, its snippet continues the trace into another API, and its
+benchmark command names the benchmark's options."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_the_yaml_turns_tracing_on(tmp_path: Path) -> None:
 
 
 def test_the_walkthrough_gives_the_span_tree_it_draws(tmp_path: Path, receiver: Receiver) -> None:
-    install, serve, call = (command_lines(block)[0] for block in blocks(TRACES, "bash"))
+    install, serve, call = (command_lines(block)[0] for block in blocks(TRACES, "bash")[:3])
     assert install == 'pip install -e ".[tracing]"'
     words = shlex.split(serve)
     variables = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
@@ -126,3 +127,13 @@ def test_the_snippet_continues_the_trace_into_another_api(
 
     spans = receiver.wait_for(both)
     assert spans["/back"].parent_id == spans["/front"].span_id
+
+
+def test_the_benchmark_command_names_its_options() -> None:
+    (command,) = command_lines(blocks(section(TRACES, "What tracing costs"), "bash")[0])
+    words = shlex.split(command)
+    assert words[:2] == ["python", "benchmarks/tracing_cost.py"]
+    usage = subprocess.run([sys.executable, words[1], "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0, usage.stderr
+    for option in words[2::2]:
+        assert option in usage.stdout, option
