@@ -244,6 +244,9 @@ class ProjectConfig:
     docs: bool = True
     #: OpenTelemetry tracing (``tracing: true``, ``--tracing``, ``MODELSERVE_TRACING=1``; `modelserve.tracing`).
     tracing: bool = False
+    #: Ray Serve's deployment options for the project (``ray:``, keys in `RAY_KEYS`); their values are checked
+    #: by `modelserve.ray`, which alone uses them, and its builder's arguments override them key by key.
+    ray: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -496,7 +499,17 @@ _CORS_KEYS = {
     "allow_private_network",
     "max_age",
 }
-_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts", "docs", "tracing"}
+_TOP_KEYS = {"apis", "jobs", "protocols", "auth", "cors", "allowed_hosts", "docs", "tracing", "ray"}
+#: Keys of ``ray:``: Ray Serve's own names for a deployment's options (`modelserve.ray` checks their values).
+RAY_KEYS = {
+    "num_replicas",
+    "autoscaling_config",
+    "ray_actor_options",
+    "max_ongoing_requests",
+    "max_queued_requests",
+    "health_check_period_s",
+    "health_check_timeout_s",
+}
 
 
 def infer_model_format(path: str) -> str | None:
@@ -791,6 +804,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
     allowed_hosts: list[str] | None = None
     docs = True
     tracing = False
+    ray: dict[str, Any] = {}
     if isinstance(data, list):
         raw_apis: Any = data
     elif isinstance(data, dict):
@@ -806,6 +820,8 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
         allowed_hosts = problems.take(data, "allowed_hosts", _host_patterns, "top level")
         docs = problems.take(data, "docs", _bool, "top level", docs)
         tracing = problems.take(data, "tracing", _bool, "top level", tracing)
+        ray = problems.take(data, "ray", _mapping, "top level", ray)
+        problems.unknown_keys(ray, RAY_KEYS, "ray")
     else:
         raise ConfigError(f"{source} is not valid: expected a mapping with 'apis:' or a list of APIs")
     if not isinstance(raw_apis, list) or not raw_apis:
@@ -836,6 +852,7 @@ def parse_project(data: Any, root: Path, source: str = CONFIG_FILE) -> ProjectCo
         allowed_hosts=allowed_hosts,
         docs=docs,
         tracing=tracing,
+        ray=ray,
     )
 
 

@@ -202,17 +202,13 @@ def plan(args: Mapping[str, Any]) -> Plan:
             problems.append(f"argument {key!r}: expected {exc}, got {raw!r}")
     if "project" not in args:
         problems.append("argument 'project' is required: the project folder (project=path/to/project)")
-    for key in ("ray_actor_options",):
-        for option in values.get(key, {}):
-            if option not in ACTOR_OPTIONS:
-                problems.append(f"argument {key!r}: unknown option {option!r} (known: {', '.join(ACTOR_OPTIONS)})")
-    if "num_replicas" in values and "autoscaling_config" in values:
-        problems.append("give 'num_replicas' or 'autoscaling_config', not both")
+    problems += _deployment_problems(values, "argument")
     if problems:
         raise ConfigError("modelserve.ray: " + "; ".join(problems))
 
     project_dir = caller_dir() / values["project"]
     project = load_project_config(project_dir)  # a ConfigError names the file and every problem in it
+    values = _over_project(project.ray, values, project_dir)
     result = Plan(project=str(project.root), name=values.get("name", DEFAULT_NAME))
     grace = values.get("graceful_timeout", DEFAULT_GRACE)
     result.settings = {
@@ -242,6 +238,39 @@ def plan(args: Mapping[str, Any]) -> Plan:
         )
     result.settings["workers"] = replicas or 2
     return result
+
+
+def _deployment_problems(values: Mapping[str, Any], what: str) -> list[str]:
+    """The mistakes no single value shows: an unknown actor option, replicas fixed and autoscaled at once."""
+    problems = [
+        f"{what} 'ray_actor_options': unknown option {option!r} (known: {', '.join(ACTOR_OPTIONS)})"
+        for option in values.get("ray_actor_options", {})
+        if option not in ACTOR_OPTIONS
+    ]
+    if "num_replicas" in values and "autoscaling_config" in values:
+        problems.append(f"{what}s: give 'num_replicas' or 'autoscaling_config', not both")
+    return problems
+
+
+def _over_project(defaults: Mapping[str, Any], values: dict[str, Any], project_dir: Any) -> dict[str, Any]:
+    """The arguments over modelserve.yaml's ``ray:`` (its keys are known: `load_project_config` checked them),
+    key by key; ``num_replicas`` and ``autoscaling_config`` count as one setting, so that an argument of either
+    replaces the file's choice."""
+    problems: list[str] = []
+    checked: dict[str, Any] = {}
+    for key, raw in defaults.items():
+        check, _ = ARGUMENTS[key]
+        try:
+            checked[key] = check(raw)
+        except ValueError as exc:
+            problems.append(f"key {key!r}: expected {exc}, got {raw!r}")
+    problems += _deployment_problems(checked, "key")
+    if problems:
+        raise ConfigError(f"{project_dir}/modelserve.yaml, ray: " + "; ".join(problems))
+    if "num_replicas" in values or "autoscaling_config" in values:
+        checked.pop("num_replicas", None)
+        checked.pop("autoscaling_config", None)
+    return {**checked, **values}
 
 
 def app(args: Mapping[str, Any]) -> Any:

@@ -173,7 +173,7 @@ def test_a_folder_with_only_model_py_is_one_realtime_api(tmp_path: Path) -> None
         (
             "api:\n  - name: echo\n    handler: {path: model.py}\n",
             "top level: unknown key 'api' "
-            "(known keys: allowed_hosts, apis, auth, cors, docs, jobs, protocols, tracing)",
+            "(known keys: allowed_hosts, apis, auth, cors, docs, jobs, protocols, ray, tracing)",
         ),
         (
             "tracing: yes please\napis:\n  - name: echo\n    handler: {path: model.py}\n",

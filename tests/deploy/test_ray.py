@@ -122,6 +122,45 @@ def test_plan_refuses_a_mistake_naming_it(project: Path, args: dict[str, Any], n
         plan({"project": str(project), **args})
 
 
+RAY_YAML = """
+ray:
+  autoscaling_config: {min_replicas: 1, max_replicas: 3, target_ongoing_requests: 2}
+  ray_actor_options: {num_cpus: 0.5}
+  max_queued_requests: 50
+apis:
+  - {name: who, handler: {path: model.py, class: Who}}
+"""
+
+
+def test_modelserve_yaml_ray_options_are_the_defaults_the_arguments_override(tmp_path: Path) -> None:
+    folder = write_project(tmp_path / "p", {"model.py": MODEL, "modelserve.yaml": RAY_YAML})
+    from_file = plan({"project": str(folder)}).options
+    assert from_file["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}
+    assert from_file["ray_actor_options"] == {"num_cpus": 0.5}
+    assert from_file["max_queued_requests"] == 50
+    assert from_file["max_ongoing_requests"] == 101  # still from the API's limits: the file did not name it
+    overridden = plan({"project": str(folder), "num_replicas": "2", "max_queued_requests": 9}).options
+    assert "autoscaling_config" not in overridden and overridden["num_replicas"] == 2  # one choice replaces the other
+    assert overridden["max_queued_requests"] == 9 and overridden["ray_actor_options"] == {"num_cpus": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("ray_yaml", "named"),
+    [
+        ("{replicas: 2}", "ray: unknown key 'replicas' (known keys: autoscaling_config,"),
+        ("[num_replicas]", "top level: key 'ray': expected a mapping"),
+        ("{num_replicas: 0}", "ray: key 'num_replicas': expected a positive integer or 'auto', got 0"),
+        ("{ray_actor_options: {num_gpu: 1}}", "ray: key 'ray_actor_options': unknown option 'num_gpu'"),
+        ("{num_replicas: 2, autoscaling_config: {max_replicas: 2}}", "give 'num_replicas' or 'autoscaling_config'"),
+    ],
+)
+def test_a_mistake_in_modelserve_yaml_ray_is_named(tmp_path: Path, ray_yaml: str, named: str) -> None:
+    text = f"ray: {ray_yaml}\napis: [{{name: who, handler: {{path: model.py, class: Who}}}}]\n"
+    folder = write_project(tmp_path / "p", {"model.py": MODEL, "modelserve.yaml": text})
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        plan({"project": str(folder)})
+
+
 def test_plan_refuses_a_missing_or_invalid_project(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="argument 'project' is required"):
         plan({"num_replicas": 1})
