@@ -6,7 +6,9 @@ Prints one JSON line, ``RESULT {...}``: each answer's status, content type and b
 ``POST /who`` answered from (at most 60 tries to see two); and an async job's end, when the project has one.
 With argv[4] (JSON ``{"marker": path, "jobs": n, "started": folder}``), also how a stream ended in its replica
 once its client left, and, after the replica running the first of n slow jobs was killed with ``ray.kill``,
-the replicas, which processes started each job, and the end of every job.
+the replicas, which processes started each job, and the end of every job; with ``"autoscale": [project, n]``,
+that project deployed as a second application under ``/auto`` (its modelserve.yaml's ``ray:`` autoscales it)
+and n concurrent ``POST /auto/nap`` sent at once: their answers and the most replicas Serve ran meanwhile.
 Not a test itself (pytest collects ``test_*.py`` only).
 """
 
@@ -19,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import ray
@@ -81,6 +84,9 @@ def main() -> None:
                 phases["disconnect"] = time.monotonic() - started
                 result.update(kill_a_replica_running_a_job(client, checks["jobs"], checks["started"]))
                 phases["kill"] = time.monotonic() - started
+                if "autoscale" in checks:
+                    result["autoscale"] = autoscale(client, *checks["autoscale"])
+                    phases["autoscale"] = time.monotonic() - started
         result["phases"] = phases  # seconds since the start, for a reader of a slow run
         print("RESULT " + json.dumps(result), flush=True)
     finally:
@@ -160,6 +166,31 @@ def kill_a_replica_running_a_job(client: httpx.Client, count: int, started: str)
         "starts": starts,
         "replicas_after": sorted(replicas),
         "jobs": [ends.get(job_id, {"id": job_id, "status": "lost"}) for job_id in ids],
+    }
+
+
+def running_replicas(app_name: str) -> int:
+    status = serve.status().applications[app_name].deployments[modelserve.ray.DEFAULT_NAME]
+    return int(status.replica_states.get("RUNNING", 0))
+
+
+def autoscale(client: httpx.Client, project: str, count: int) -> dict[str, object]:
+    """Deploy `project` as the application ``auto`` (in this Ray session: no second start), send `count`
+    concurrent ``POST /auto/nap`` at once (a bounded load: each naps), and watch Serve's replicas meanwhile."""
+    serve.run(modelserve.ray.app({"project": project}), name="auto", route_prefix="/auto")
+    before = running_replicas("auto")
+    most = before
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(client.post, "/auto/nap", json={}) for _ in range(count)]
+        while not all(future.done() for future in futures):
+            most = max(most, running_replicas("auto"))
+            time.sleep(0.1)
+        answers = [future.result() for future in futures]
+    return {
+        "replicas_before": before,
+        "replicas_most": most,
+        "statuses": [answer.status_code for answer in answers],
+        "pids": sorted({answer.json()["pid"] for answer in answers if answer.status_code == 200}),
     }
 
 

@@ -233,7 +233,8 @@ def _without_request_id(text: str) -> Any:
 def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_server: Any) -> None:
     """One Ray instance for every check (Ray's start is most of the time): the answers, both replicas serving
     and exporting metrics, an async job; then a client that leaves a stream (the replica's generator is
-    closed) and a replica killed with ``ray.kill`` while jobs are accepted (replaced, no job lost)."""
+    closed), a replica killed with ``ray.kill`` while jobs are accepted (replaced, no job lost), and a second
+    application that Ray autoscales from 1 to 2 replicas under a bounded load."""
     pytest.importorskip("ray.serve", reason='Ray Serve is the "ray" extra (the dev extra installs it)')
     if os.geteuid() != 0 or not _namespaces_work():
         pytest.skip("Ray runs in a private network namespace here (unshare as root), and none can be made")
@@ -241,6 +242,7 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
         pytest.skip("redis-server is not installed (scripts/test installs it)")
     started = project.parent / "started"
     started.mkdir()
+    autoscaled = write_project(project.parent / "autoscaled", {"model.py": NAP, "modelserve.yaml": AUTOSCALED})
     redis = f"redis-server --port {REDIS_PORT} --bind 127.0.0.1 --save '' --appendonly no --daemonize yes"
     script = f'ip link set lo up && {redis} >/dev/null && exec "$0" "$@"'
     run = subprocess.run(
@@ -251,7 +253,14 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
             str(project),
             json.dumps({"num_replicas": 2, "metrics_interval_s": 1}),
             json.dumps(REQUESTS),
-            json.dumps({"marker": str(project.parent / "drip-ended"), "jobs": 6, "started": str(started)}),
+            json.dumps(
+                {
+                    "marker": str(project.parent / "drip-ended"),
+                    "jobs": 6,
+                    "started": str(started),
+                    "autoscale": [str(autoscaled), NAPS],
+                }
+            ),
         ],
         capture_output=True,
         text=True,
@@ -274,6 +283,11 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
     interrupted = [job for job in result["jobs"] if result["starts"][job["result"]["text"]][0] == result["killed_pid"]]
     assert interrupted, result  # the killed replica was running one: it was requeued when its lease expired
     assert all(job["result"]["pid"] != result["killed_pid"] for job in interrupted)  # and run by a replica alive
+    # the second application, autoscaled by its modelserve.yaml: one replica, two under the load, every nap answered
+    scaled = result["autoscale"]
+    assert scaled["replicas_before"] == 1 and scaled["replicas_most"] == 2, scaled
+    assert scaled["statuses"] == [200] * NAPS, scaled
+    assert len(scaled["pids"]) == 2, scaled  # the replica the load added took some of it
 
     direct = start_server(project, "--jobs-store", "memory")  # python -m modelserve, the same project
     direct.wait_ready()
@@ -287,6 +301,31 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
         assert (status, kind) == (want_status, want_kind)
         assert _without_request_id(text) == _without_request_id(want_text)
     assert "request_id" in json.loads(result["answers"][2][2])  # the 500 names the request, not the traceback
+
+
+NAP = """
+import os
+import time
+
+class Nap:
+    def predict(self, inputs):
+        time.sleep(0.5)
+        return {"pid": os.getpid()}
+"""
+#: Autoscaled from Ray's options in modelserve.yaml: 1 to 2 replicas, one request each at a time (the target),
+#: metrics every 0.2 s and no upscale delay, so that a few seconds of load are enough. No CPU reserved: the
+#: first application's two replicas hold the driver's two.
+AUTOSCALED = """
+ray:
+  autoscaling_config:
+    {min_replicas: 1, max_replicas: 2, target_ongoing_requests: 1, upscale_delay_s: 0, look_back_period_s: 1,
+     metrics_interval_s: 0.2}
+  max_ongoing_requests: 2
+  ray_actor_options: {num_cpus: 0}
+apis:
+  - {name: nap, handler: {path: model.py, class: Nap}}
+"""
+NAPS = 16
 
 
 FAILING = """
