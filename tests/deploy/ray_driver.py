@@ -171,7 +171,7 @@ def kill_a_replica_running_a_job(client: httpx.Client, count: int, started: str)
 
 def running_replicas(app_name: str) -> int:
     status = serve.status().applications[app_name].deployments[modelserve.ray.DEFAULT_NAME]
-    return int(status.replica_states.get("RUNNING", 0))
+    return sum(number for state, number in status.replica_states.items() if state == "RUNNING")
 
 
 def autoscale(client: httpx.Client, project: str, count: int) -> dict[str, object]:
