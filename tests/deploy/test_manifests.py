@@ -1,10 +1,12 @@
 """The Kubernetes manifests of docs/containers.md are valid: each is checked against the
 Kubernetes API's models (the ``kubernetes`` package's, strictly: an unknown field is an error, as with
-``kubectl apply --validate=strict``), and what they name (a metric, V2 routes, a V2 request) is checked against
-a running server."""
+``kubectl apply --validate=strict``), KServe's InferenceService against its CRD's schema (vendored, pruned, in
+tests/data/kserve_crd), and what they name (a metric, V2 routes, a V2 request) is checked against a running
+server."""
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -19,6 +21,7 @@ from tests.conftest import REPO
 from tests.test_readme import blocks
 
 kubernetes = pytest.importorskip("kubernetes", reason="the dev extra installs the kubernetes package")
+jsonschema = pytest.importorskip("jsonschema", reason="the dev extra installs jsonschema")
 
 PAGE = "containers.md"
 #: (apiVersion, kind) -> the kubernetes package's model of that object.
@@ -79,6 +82,46 @@ def test_the_checker_refuses_a_misspelt_or_mistyped_field() -> None:
     assert "spec.template.spec.terminationGracePeriodSeconds" in problems
     assert check({"kind": "Service", "spec": {"ports": [{"port": 80}]}}, "V1Service") == []
     assert check({"spec": {"ports": [{"name": "http"}]}}, "V1Service") == ["spec.ports.0.port"]  # required
+
+
+def strict(schema: Any) -> Any:
+    """A CRD's structural schema as ``kubectl apply --validate=strict`` applies it: an object's fields are the
+    ones it lists (the API server would drop any other), unless it keeps unknown fields on purpose."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [strict(value) for value in schema]
+    return schema
+
+
+def crd_problems(document: dict[str, Any]) -> list[str]:
+    """Where `document` breaks KServe's InferenceService schema, one ``path: reason`` each."""
+    text = (REPO / "tests" / "data" / "kserve_crd" / "inferenceservice.schema.yaml").read_text(encoding="utf-8")
+    validator = jsonschema.Draft4Validator(strict(yaml.safe_load(text)))  # OpenAPI v3.0 schemas are draft 4's
+    return sorted(
+        f"{'.'.join(map(str, error.absolute_path))}: {error.validator}" for error in validator.iter_errors(document)
+    )
+
+
+def test_the_inference_service_follows_kserve_s_crd_schema() -> None:
+    service = _by_kind(PAGE)["InferenceService"]
+    assert crd_problems(service) == []
+    wrong = copy.deepcopy(service)
+    predictor = wrong["spec"]["predictor"]
+    predictor["containerConcurency"] = 101  # misspelt
+    predictor["minReplicas"] = "1"  # a string where KServe wants an integer
+    predictor["containers"][0]["ports"][0] = {"port": 8080}  # not a container port's field, and it lacks one
+    del wrong["spec"]["predictor"]
+    wrong["spec"]["predictors"] = predictor
+    assert crd_problems({**wrong, "spec": {"predictor": predictor}}) == [
+        "spec.predictor.containers.0.ports.0: additionalProperties",
+        "spec.predictor.containers.0.ports.0: required",
+        "spec.predictor.minReplicas: type",
+        "spec.predictor: additionalProperties",  # containerConcurency
+    ]
+    assert crd_problems(wrong) == ["spec: additionalProperties", "spec: required"]
 
 
 def _by_kind(page: str) -> dict[str, dict[str, Any]]:
