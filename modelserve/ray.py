@@ -16,7 +16,9 @@ limits, streaming, V2 routes, typed inputs and API keys are modelserve's. A repl
 API has loaded (its constructor waits for the load; a failure fails the replica with modelserve's message),
 and Ray's health check asks the replica whether its APIs are still ready.
 
-What Ray is told, from the project (overridable by the arguments, ``ARGUMENTS``):
+Ray's deployment options come from the arguments (``ARGUMENTS``) over the project's own, the ``ray:`` mapping
+of its modelserve.yaml (`modelserve.config.RAY_KEYS`), key by key. Without either, what Ray is told is derived
+from the project:
 
 * ``max_ongoing_requests``: the requests a replica would hold at once, running or waiting, summed over the
   project's APIs (``max_concurrency + max_queue_length`` each), so that Ray sends a replica no more than

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,32 @@ def test_the_container_commands_run_as_written(tmp_path: Path) -> None:
     assert words[:2] == ["modelserve", "build"]
     options = container.command_parser("build").parse_args(words[2:])
     assert (options.project_dir, options.tag) == (dockerfile_line.split()[2], "iris:1")
+
+
+def test_the_ray_options_of_modelserve_yaml_are_the_builder_s_defaults(tmp_path: Path) -> None:
+    (text,) = [block for block in blocks(RAY_PAGE, "yaml") if block.startswith("ray:")]
+    project = tmp_path / "iris"
+    shutil.copytree(REPO / "examples" / "iris", project)
+    (project / "modelserve.yaml").write_text(text, encoding="utf-8")
+    options = plan({"project": str(project)}).options  # serve run modelserve.ray:app project=examples/iris
+    assert options["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    assert options["ray_actor_options"] == {"num_cpus": 1}
+    fixed = plan({"project": str(project), "num_replicas": "2"}).options  # ... num_replicas=2
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    (project / "modelserve.yaml").write_text(text.replace("ray:\n", "ray:\n  num_replicas: 0\n", 1), encoding="utf-8")
+    shown = re.search(r"`\.\.\./modelserve\.yaml, (ray: key 'num_replicas': [^`]+)`", RAY_PAGE)
+    assert shown is not None
+    with pytest.raises(ConfigError, match=re.escape(shown[1])):
+        plan({"project": str(project)})
+
+
+def test_the_benchmark_command_takes_the_options_shown() -> None:
+    (line,) = [
+        line for block in blocks(RAY_PAGE, "bash") for line in command_lines(block) if "benchmarks/ray_proxy.py" in line
+    ]
+    script = REPO / "benchmarks" / "ray_proxy.py"
+    usage = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0, usage.stderr
+    for word in shlex.split(line):
+        if word.startswith("--"):
+            assert word.split("=", 1)[0] in usage.stdout, word
