@@ -7,7 +7,9 @@ its defaults (access logs on, as a user would run them):
 * ``modelserve``: ``python -m modelserve PROJECT``, one process (the baseline);
 * ``modelserve-w2``: ``python -m modelserve PROJECT --workers 2``, two processes behind one port;
 * ``ray-1``: ``modelserve.ray:app`` with one replica, through Ray Serve's HTTP proxy (``/one/iris``);
-* ``ray-2``: the same with two replicas (``/two/iris``).
+* ``ray-2``: the same with two replicas (``/two/iris``);
+* ``ray-floor``: the least Ray Serve does per request, for scale: one replica of a deployment whose
+  ``__call__`` returns a fixed answer (no body read, no ASGI app; ``/floor``).
 
 Both Ray applications run in one local Ray instance that this script starts (``ray.init(num_cpus=4)``: a
 logical count, so that three replicas fit; the machine's cores are what they are), together with the two
@@ -42,6 +44,13 @@ from _harness import REPO, Run, ServerProcess, median_run, write_wrk_script, wrk
 
 BODY = json.dumps({"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2})
 PROXY = "http://127.0.0.1:8000"
+
+
+class Floor:
+    """Ray Serve's simplest HTTP deployment: the proxy hands it the request, it answers a constant."""
+
+    async def __call__(self, request: object) -> dict[str, object]:
+        return {"label": "setosa", "probabilities": [1.0, 0.0, 0.0]}
 
 
 def _ready(url: str) -> bool:
@@ -86,13 +95,15 @@ def main() -> None:
         ray.init(_temp_dir=str(temp), num_cpus=4, include_dashboard=False, log_to_driver=False)
         serve.run(modelserve.ray.app({"project": project, "num_replicas": 1}), name="one", route_prefix="/one")
         serve.run(modelserve.ray.app({"project": project, "num_replicas": 2}), name="two", route_prefix="/two")
+        serve.run(serve.deployment(Floor).bind(), name="floor", route_prefix="/floor")
         urls = {server.name: server.url + "/iris" for server in servers}
-        urls |= {"ray-1": PROXY + "/one/iris", "ray-2": PROXY + "/two/iris"}
+        urls |= {"ray-1": PROXY + "/one/iris", "ray-2": PROXY + "/two/iris", "ray-floor": PROXY + "/floor"}
         for server in servers:
             server.wait_ready(lambda url: _ready(url + "/iris"))
         for url in urls.values():
             if not _ready(url):
                 sys.exit(f"{url} does not answer the README's request")
+        load_before = os.getloadavg()
         script = write_wrk_script(temp / "iris.lua", BODY)
         runs: dict[str, list[Run]] = {name: [] for name in urls}
         for _ in range(options.rounds):
@@ -106,7 +117,9 @@ def main() -> None:
         shutil.rmtree(temp, ignore_errors=True)
 
     print(f"{Path(project).name}, {options.connections} connections, {options.rounds} rounds of {options.duration:g} s")
-    print(f"cores: {os.cpu_count()}, load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
+    before = " ".join(f"{value:.2f}" for value in load_before)
+    after = " ".join(f"{value:.2f}" for value in load)
+    print(f"cores: {os.cpu_count()}, load average before: {before}, after: {after}\n")
     print("| target | req/s | p50 ms | p99 ms | req/s ratio to modelserve |")
     print("|---|---:|---:|---:|---:|")
     for name, target_runs in runs.items():
