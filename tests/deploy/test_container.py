@@ -3,6 +3,7 @@ parser of Red Hat's OSBS), and the Kubernetes manifest of docs/containers.md aga
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -26,7 +27,8 @@ dockerfile_parse = pytest.importorskip("dockerfile_parse", reason="dockerfile-pa
 
 
 def parse(text: str) -> list[dict[str, Any]]:
-    parser = dockerfile_parse.DockerfileParser(fileobj=None)
+    # an in-memory file: without one, setting the content writes ./Dockerfile (into the checkout)
+    parser = dockerfile_parse.DockerfileParser(fileobj=io.BytesIO())
     parser.content = text
     return list(parser.structure)
 
