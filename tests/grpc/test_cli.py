@@ -122,3 +122,13 @@ def test_without_grpcio_the_error_says_what_to_install() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.stdout.startswith("MissingExtraError grpc is not installed"), done.stdout + done.stderr
     assert 'pip install -e ".[grpc]"' in done.stdout
+
+
+def test_the_grpc_page_benchmark_command_names_its_options() -> None:
+    command = block(page("grpc.md"), "bash", 1).strip()
+    words = command.split()
+    assert words[:2] == ["python", "benchmarks/grpc_infer.py"]
+    usage = subprocess.run([sys.executable, words[1], "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0, usage.stderr
+    for option in words[2::2]:
+        assert option in usage.stdout, option
