@@ -320,8 +320,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_LOAD
     warn_exposed(args.host, app.server.project.auth is not None, bool(ssl_kwargs))
 
-    import uvicorn
-
     from modelserve.http._protocol import TransportConfig, TransportLimits
 
     limits = TransportLimits(args.max_header_size, args.header_timeout, args.body_timeout, args.refusal_pause)
@@ -354,16 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             print(f"modelserve: error: {exc}", file=sys.stderr)
             return EXIT_ADDRESS
-        from modelserve.http.websocket import going_away
+        from modelserve._serving import ClosingServer, closing_at_shutdown
 
-        model_server = app.server
-
-        class _ClosingServer(uvicorn.Server):
-            async def shutdown(self, sockets: list[Any] | None = None) -> None:
-                await going_away(model_server)  # WebSocket sessions get 1001 before uvicorn's 1012
-                await super().shutdown(sockets)
-
-        server = _ClosingServer(config)
+        closing_at_shutdown(app.server)  # WebSocket sessions get 1001 before uvicorn's 1012
+        server = ClosingServer(config)
 
         def stop(exc: Exception) -> None:
             failures.append(exc)
@@ -396,18 +388,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_ADDRESS
+    from modelserve._serving import ClosingServer, run_workers
+
     if args.reload:
         from modelserve._reload import ProjectReload
 
         config.reload = True
         ProjectReload(
-            config, target=uvicorn.Server(config).run, sockets=[sock], project_dir=settings["project_dir"]
+            config, target=ClosingServer(config).run, sockets=[sock], project_dir=settings["project_dir"]
         ).run()
         return EXIT_OK
-    from uvicorn.supervisors import Multiprocess
-
-    supervisor = Multiprocess(config, sockets=[sock])
-    supervisor.run()
+    supervisor = run_workers(config, [sock])
     if any(process.exitcode == EXIT_LOAD for process in supervisor.processes):
         print("modelserve: error: a worker failed to load the project; see the log above", file=sys.stderr)
         return EXIT_LOAD

@@ -80,14 +80,19 @@ def worker_app() -> Any:
         logging.shutdown()
         os._exit(EXIT_LOAD)
 
-    if not settings["reload"]:
-        return make_app(settings, stop_worker)
-    try:
-        return make_app(settings, stop_worker)
-    except Exception as exc:  # a saved mistake: answer 503 naming it until the next change reloads
-        from modelserve._reload import failed_app
+    from modelserve._serving import closing_at_shutdown
 
-        return failed_app(exc)
+    if not settings["reload"]:
+        app = make_app(settings, stop_worker)
+    else:
+        try:
+            app = make_app(settings, stop_worker)
+        except Exception as exc:  # a saved mistake: answer 503 naming it until the next change reloads
+            from modelserve._reload import failed_app
+
+            return failed_app(exc)
+    closing_at_shutdown(app.server)  # its WebSocket sessions get 1001 at the worker's shutdown
+    return app
 
 
 def ssl_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +204,10 @@ def serve_granian(
     """Serve `app` (made in this process) with granian until SIGINT or SIGTERM (`modelserve.http._granian`);
     the load errors that stopped it, if any. `ValueError` when granian is missing or cannot hold `limits`
     (checked before anything is bound), `OSError` naming the address when it cannot be listened on."""
+    from functools import partial
+
     from modelserve.http import _granian
+    from modelserve.http.websocket import going_away
 
     missing = _granian.granian_missing()
     if missing is not None:
@@ -232,6 +240,7 @@ def serve_granian(
             log_config=log_config,
             graceful_timeout=args.graceful_timeout,
             on_ready=stops.append,
+            on_stop=partial(going_away, app.server),  # WebSocket sessions get 1001, then granian stops
         )
     except OSError as exc:
         raise OSError(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}") from None

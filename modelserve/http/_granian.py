@@ -24,7 +24,14 @@ of modelserve is kept, mapped to a setting of granian or enforced in front of th
   `modelserve.watch.WATCH_AFTER`), as with uvicorn's own protocol;
 - the grace period of a shutdown: granian waits for its connections for ever, so the requests still in
   flight ``--graceful-timeout`` seconds after the signal are cancelled (`EdgeLimits.stop_in_flight`), each
-  answered a JSON 503 as under uvicorn.
+  answered a JSON 503 as under uvicorn;
+- WebSockets: granian passes ``websocket`` scopes to the app, whose handshake checks (Host, Origin, API key),
+  message size limit (1009) and idle close are modelserve's own (`modelserve.http.websocket`), a refused
+  handshake the same JSON answer (granian offers ASGI's denial response). granian 2.8 sends a close only once
+  no ``receive`` of the connection is waiting, and modelserve's session keeps one waiting (to see the
+  client's close), so `_WebSocket` ends that wait before it sends the close. At the signal, `serve`'s
+  ``on_stop`` closes the open sessions with 1001 before granian stops. granian bounds a message at 64 MiB
+  (tungstenite's default) before the API's ``max_body_size`` does.
 
     serve(app, host="127.0.0.1", port=8888, limits=TransportLimits(), ssl={}, log_config=None)
 """
@@ -35,7 +42,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +62,10 @@ MIN_HEADER_SIZE = 8192
 MAX_HEADER_TIMEOUT = 60.0
 #: Refusals remembered at most; past it, those whose pause is over are forgotten.
 MAX_REMEMBERED = 4096
+#: Seconds a shutdown that closed WebSocket sessions waits before stopping granian: granian writes a close
+#: from its own threads after the app's ``send`` returned, and stopped before, it would send the client a close
+#: without the code (uvicorn's shutdown waits as long for its connections' own closes).
+CLOSE_FLUSH = 0.1
 
 
 def granian_missing() -> str | None:
@@ -172,6 +183,52 @@ class _Request:
             self._task.cancel()
 
 
+class _WebSocket:
+    """A WebSocket's ``receive`` and ``send`` under granian: a close sent while a ``receive`` waits ends that
+    wait first (its task is cancelled, and the wait returns ``websocket.disconnect`` with the close's code), as
+    granian would hold the close until the client sent something."""
+
+    __slots__ = ("_receive", "_reader", "_released", "_send", "closed")
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        #: The task waiting on granian's ``receive``, if any.
+        self._reader: asyncio.Task[Any] | None = None
+        #: Set when that wait is over, for the close waiting on it.
+        self._released: asyncio.Future[None] | None = None
+        #: The code of the close sent, once sent.
+        self.closed: int | None = None
+
+    async def receive(self) -> Message:
+        if self.closed is not None:
+            return {"type": "websocket.disconnect", "code": self.closed}
+        self._reader = asyncio.current_task()
+        try:
+            return await self._receive()
+        except asyncio.CancelledError:
+            if self.closed is None or self._released is None:
+                raise
+            uncancel = getattr(self._reader, "uncancel", None)  # Python 3.11+: the cancel was ours, undo its count
+            if uncancel is not None:
+                uncancel()
+            return {"type": "websocket.disconnect", "code": self.closed}
+        finally:
+            self._reader = None
+            if self._released is not None and not self._released.done():
+                self._released.set_result(None)
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "websocket.close" and self.closed is None:
+            self.closed = message.get("code", 1000)
+            reader = self._reader
+            if reader is not None and reader is not asyncio.current_task():
+                self._released = asyncio.get_running_loop().create_future()
+                reader.cancel()
+                await self._released
+        await self._send(message)
+
+
 class EdgeLimits:
     """What uvicorn's protocol does for modelserve and granian does not, in front of the app: the body deadline,
     the refusal pause and the 400 for two Host headers (see the module's docstring)."""
@@ -182,6 +239,8 @@ class EdgeLimits:
         self.refusals = _Refusals(limits.refusal_pause)
         #: The tasks of the requests in flight, for `stop_in_flight`.
         self.in_flight: set[asyncio.Task[Any]] = set()
+        #: The tasks of the open WebSocket sessions (in `in_flight` too).
+        self.sessions: set[asyncio.Task[Any]] = set()
 
     def stop_in_flight(self) -> None:
         """Cancel every request still in flight (the grace period of a shutdown is over): each call ends as
@@ -191,7 +250,19 @@ class EdgeLimits:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            if scope["type"] != "websocket":
+                await self.app(scope, receive, send)
+                return
+            session = asyncio.current_task()  # a session outlasting the grace period is cancelled too
+            if session is not None:
+                self.in_flight.add(session)
+                self.sessions.add(session)
+            websocket = _WebSocket(receive, send)
+            try:
+                await self.app(scope, websocket.receive, websocket.send)
+            finally:
+                self.in_flight.discard(session)
+                self.sessions.discard(session)
             return
         headers = scope["headers"]
         if len(dict(headers)) < len(headers) and host_count(headers) > 1:  # a name came twice: Host?
@@ -243,13 +314,15 @@ def serve(
     log_config: dict[str, Any] | None,
     graceful_timeout: float = 30.0,
     on_ready: Callable[[Callable[[], None]], None] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serve `app` with granian on `host`:`port` until SIGINT or SIGTERM, on a new event loop of this thread.
 
     On a signal granian stops accepting and waits for the connections it has; the requests still in flight
     `graceful_timeout` seconds later are cancelled (a JSON 503 each, as under uvicorn). `ssl` holds
     modelserve's TLS settings (`modelserve.launch.ssl_settings`). `on_ready` is given, once the loop runs, a
-    function that stops the server from any thread. `OSError` when the address cannot be listened on;
+    function that stops the server from any thread; `on_stop` is awaited when the server begins to stop (the
+    CLI's closes the open WebSocket sessions with 1001). `OSError` when the address cannot be listened on;
     `ValueError` when granian cannot hold `limits` (`check_limits`)."""
     from granian.constants import HTTPModes, Interfaces
     from granian.log import LogLevels
@@ -274,7 +347,7 @@ def serve(
         port=port,
         interface=Interfaces.ASGI,
         http=HTTPModes.http1,
-        websockets=False,
+        websockets=True,
         backlog=2048,
         http1_settings=http1_settings(limits),
         log_enabled=True,
@@ -287,10 +360,25 @@ def serve(
         loop = asyncio.get_running_loop()
         stopping: list[asyncio.TimerHandle] = []
         stop_serving: Callable[[], None] = server.stop  # granian's: not annotated
+        closing: set[asyncio.Task[None]] = set()
+
+        async def close_then_stop() -> None:
+            assert on_stop is not None
+            try:
+                open_sessions = set(edge.sessions)
+                await on_stop()
+                if open_sessions:  # their closes sent, and then written by granian
+                    await asyncio.wait(open_sessions, timeout=graceful_timeout)
+                    await asyncio.sleep(CLOSE_FLUSH)
+            finally:
+                stop_serving()
 
         def stop() -> None:
             if not stopping:
-                stop_serving()
+                if on_stop is not None:
+                    closing.add(loop.create_task(close_then_stop()))
+                else:
+                    stop_serving()
                 stopping.append(loop.call_later(graceful_timeout, edge.stop_in_flight))
 
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -6,6 +6,7 @@ after a full line). No test reads a clock: a deadline is shown by a connection c
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -502,3 +503,108 @@ def test_the_edge_page_benchmark_command_names_its_options() -> None:
     assert usage.returncode == 0, usage.stderr
     for option in words[2::2]:
         assert option in usage.stdout, option
+
+
+# ------------------------------------------------------------------------------------------------------------
+# WebSockets on both edges: the handshake's checks, the message size limit, the close codes, the idle close
+
+WS_KEY = "edge-ws-key"
+WS_PROJECT = {
+    "modelserve.yaml": """
+        auth: {api_keys_env: EDGE_WS_KEYS}
+        cors: {allow_origins: ["http://allowed.example"]}
+        apis:
+          - name: words
+            handler: {path: words.py, class: Words}
+            max_body_size: 64
+            websocket_idle_timeout: 1
+    """,
+    "words.py": """
+        class Words:
+            def predict(self, inputs):
+                if inputs == "fail":
+                    raise RuntimeError("secret internals")
+                return self.words(inputs)
+
+            def words(self, text):
+                yield from text.split()
+    """,
+}
+WS_AUTH: dict[str, Any] = {"additional_headers": {"Authorization": f"Bearer {WS_KEY}"}}
+
+
+@pytest.fixture(scope="module", params=["uvicorn", "granian"])
+def ws_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, start_server_module: Any
+) -> Any:
+    root = write_project(tmp_path_factory.mktemp(f"edge-ws-{request.param}"), WS_PROJECT)
+    started = start_server_module(root, "--server", request.param, env={"EDGE_WS_KEYS": WS_KEY})
+    started.wait_ready()
+    return started
+
+
+def exchange(server: Any, sent: str, path: str = "/words/ws", **options: Any) -> tuple[list[Any], int, str]:
+    """Connect, send `sent` (nothing when empty), receive until the server closes: (messages, code, reason)."""
+    import asyncio
+
+    import websockets
+    from websockets.exceptions import ConnectionClosed
+
+    async def run() -> tuple[list[Any], int, str]:
+        received: list[Any] = []
+        async with websockets.connect(f"ws://127.0.0.1:{server.port}{path}", **options) as websocket:
+            if sent:
+                await websocket.send(sent)
+            try:
+                while True:
+                    received.append(await websocket.recv())
+            except ConnectionClosed as closed:
+                assert closed.rcvd is not None, "closed without a close frame"
+                return received, closed.rcvd.code, closed.rcvd.reason
+        raise AssertionError("unreachable")
+
+    return asyncio.run(asyncio.wait_for(run(), 30))  # a close that never comes fails the test, not hangs it
+
+
+def test_a_websocket_streams_its_chunks_then_closes_with_1000(ws_server: Any) -> None:
+    assert exchange(ws_server, "one two three", **WS_AUTH) == (["one", "two", "three"], 1000, "")
+
+
+def test_a_websocket_whose_call_fails_closes_with_1011_naming_no_internals(ws_server: Any) -> None:
+    received, code, reason = exchange(ws_server, '"fail"', **WS_AUTH)
+    assert (received, code) == ([], 1011) and "secret" not in reason
+
+
+def test_a_websocket_message_over_max_body_size_closes_with_1009(ws_server: Any) -> None:
+    assert exchange(ws_server, "x" * 65, **WS_AUTH)[:2] == ([], 1009)
+
+
+def test_a_silent_websocket_is_closed_with_1001(ws_server: Any) -> None:
+    received, code, reason = exchange(ws_server, "", **WS_AUTH)
+    assert (received, code) == ([], 1001) and "websocket_idle_timeout" in reason
+
+
+def test_the_websocket_key_may_come_as_a_subprotocol(ws_server: Any) -> None:
+    assert exchange(ws_server, "hi", subprotocols=[f"bearer.{WS_KEY}"])[:2] == (["hi"], 1000)
+
+
+@pytest.mark.parametrize(
+    ("path", "options", "status"),
+    [
+        ("/words/ws", {}, 401),
+        ("/words/ws", {"additional_headers": {"Authorization": "Bearer wrong"}}, 401),
+        ("/words/ws", {**WS_AUTH, "origin": "http://evil.example"}, 403),
+        ("/words/ws", {"additional_headers": {"Authorization": f"Bearer {WS_KEY}", "Host": "evil.example"}}, 400),
+        ("/nowhere/ws", WS_AUTH, 404),
+    ],
+    ids=["no-key", "wrong-key", "foreign-origin", "foreign-host", "unknown-path"],
+)
+def test_a_refused_websocket_handshake_gets_the_json_error(
+    ws_server: Any, path: str, options: dict[str, Any], status: int
+) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    with pytest.raises(InvalidStatus) as refused:
+        exchange(ws_server, "x", path, **options)
+    assert refused.value.response.status_code == status
+    assert "request_id" in json.loads(refused.value.response.body or b"{}")
