@@ -1,5 +1,5 @@
-"""The command's shutdown closes open WebSocket sessions with 1001 (going away) with ``--workers 2`` and with
-``--reload`` as in one process (tests/http/test_websocket.py).
+"""The command's shutdown closes open WebSocket sessions with 1001 (going away) with ``--workers 2``, with
+``--reload`` and with ``--server granian``, as in one process (tests/http/test_websocket.py).
 uvicorn's own close is 1012; `modelserve._serving` makes the worker processes serve through `ClosingServer`."""
 
 from __future__ import annotations
@@ -30,8 +30,14 @@ PROJECT = {
 }
 
 
-@pytest.mark.parametrize("options", [["--workers", "2"], ["--reload"]], ids=["workers", "reload"])
+@pytest.mark.parametrize(
+    "options",
+    [["--workers", "2"], ["--reload"], ["--server", "granian"]],
+    ids=["workers", "reload", "granian"],
+)
 def test_sigterm_closes_open_sessions_with_1001(start_server: Any, tmp_path: Path, options: list[str]) -> None:
+    if options[0] == "--server":
+        pytest.importorskip("granian")
     served = start_server(write_project(tmp_path / "project", PROJECT), *options)
     served.wait_ready()
 

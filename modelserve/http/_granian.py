@@ -29,7 +29,8 @@ of modelserve is kept, mapped to a setting of granian or enforced in front of th
   message size limit (1009) and idle close are modelserve's own (`modelserve.http.websocket`), a refused
   handshake the same JSON answer (granian offers ASGI's denial response). granian 2.8 sends a close only once
   no ``receive`` of the connection is waiting, and modelserve's session keeps one waiting (to see the
-  client's close), so `_WebSocket` ends that wait before it sends the close. At the signal, `serve`'s
+  client's close), so `_WebSocket` ends that wait before it sends the close (and the app's task waits for
+  that close to be sent: granian closes without a code when the app ends first). At the signal, `serve`'s
   ``on_stop`` closes the open sessions with 1001 before granian stops. granian bounds a message at 64 MiB
   (tungstenite's default) before the API's ``max_body_size`` does.
 
@@ -186,9 +187,11 @@ class _Request:
 class _WebSocket:
     """A WebSocket's ``receive`` and ``send`` under granian: a close sent while a ``receive`` waits ends that
     wait first (its task is cancelled, and the wait returns ``websocket.disconnect`` with the close's code), as
-    granian would hold the close until the client sent something."""
+    granian would hold the close until the client sent something. The app may end on that disconnect before a
+    close sent from another task (the server's shutdown) is written, and granian closes a connection whose app
+    ended with a close of its own, without a code: `finished` waits for the close to be sent."""
 
-    __slots__ = ("_receive", "_reader", "_released", "_send", "closed")
+    __slots__ = ("_receive", "_reader", "_released", "_send", "_sent", "closed")
 
     def __init__(self, receive: Receive, send: Send) -> None:
         self._receive = receive
@@ -197,8 +200,15 @@ class _WebSocket:
         self._reader: asyncio.Task[Any] | None = None
         #: Set when that wait is over, for the close waiting on it.
         self._released: asyncio.Future[None] | None = None
+        #: Set once the close is sent, when one is being sent.
+        self._sent: asyncio.Future[None] | None = None
         #: The code of the close sent, once sent.
         self.closed: int | None = None
+
+    async def finished(self) -> None:
+        """Wait until the close being sent, if any, is sent (the app is over: granian may close then)."""
+        if self._sent is not None and not self._sent.done():
+            await asyncio.wait((self._sent,))
 
     async def receive(self) -> Message:
         if self.closed is not None:
@@ -219,14 +229,21 @@ class _WebSocket:
                 self._released.set_result(None)
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "websocket.close" and self.closed is None:
-            self.closed = message.get("code", 1000)
+        if message["type"] != "websocket.close" or self.closed is not None:
+            await self._send(message)
+            return
+        self.closed = message.get("code", 1000)
+        loop = asyncio.get_running_loop()
+        self._sent = loop.create_future()
+        try:
             reader = self._reader
             if reader is not None and reader is not asyncio.current_task():
-                self._released = asyncio.get_running_loop().create_future()
+                self._released = loop.create_future()
                 reader.cancel()
                 await self._released
-        await self._send(message)
+            await self._send(message)
+        finally:
+            self._sent.set_result(None)
 
 
 class EdgeLimits:
@@ -260,6 +277,7 @@ class EdgeLimits:
             websocket = _WebSocket(receive, send)
             try:
                 await self.app(scope, websocket.receive, websocket.send)
+                await websocket.finished()
             finally:
                 self.in_flight.discard(session)
                 self.sessions.discard(session)
