@@ -441,44 +441,34 @@ class ModelFileBackend(Backend):
             timer("post_inference", perf_counter() - started)
             return result
 
-        def run_all(value: Any, request: Any, ctx: RequestContext | None) -> Any:
-            # In a worker thread: plain calls, timed for the metrics, not for `Adaptive`'s estimates (a call
+        def model_part(value: Any) -> Any:
+            return answer_of(run(feeds_of(value)))
+
+        def part(stage: str, timed_as: str, adaptive: Adaptive, fn: Callable[..., Any], *args: Any) -> Any:
+            # In a worker thread: a plain call, timed for the metrics, not for `Adaptive`'s estimates (a call
             # waiting for the GIL behind the event loop's work would count that wait).
-            if pre is not None:
-                at_pre.thread_calls += 1
-                started = perf_counter()
-                try:
-                    value = pre(value, *pre_args)
-                except PASS_THROUGH:
-                    raise
-                except BaseException as exc:  # noqa: B036
-                    raise UserCodeError("pre_inference", exc) from exc
-                timer("pre_inference", perf_counter() - started)
-                if ctx is not None and ctx.cancelled:
-                    raise RequestCancelled()
-            at_run.thread_calls += 1
+            adaptive.thread_calls += 1
             started = perf_counter()
             try:
-                value = answer_of(run(feeds_of(value)))
+                result = fn(*args)
             except PASS_THROUGH:
                 raise
             except BaseException as exc:  # noqa: B036
-                raise UserCodeError("run", exc) from exc
-            timer(run_stage, perf_counter() - started)
+                raise UserCodeError(stage, exc) from exc
+            timer(timed_as, perf_counter() - started)
+            return result
+
+        def run_all(value: Any, request: Any, ctx: RequestContext | None) -> Any:
+            if pre is not None:
+                value = part("pre_inference", "pre_inference", at_pre, pre, value, *pre_args)
+                if ctx is not None and ctx.cancelled:
+                    raise RequestCancelled()
+            value = part("run", run_stage, at_run, model_part, value)
             if post is None:
                 return value
             if ctx is not None and ctx.cancelled:
                 raise RequestCancelled()
-            at_post.thread_calls += 1
-            started = perf_counter()
-            try:
-                value = post(value, *post_args)
-            except PASS_THROUGH:
-                raise
-            except BaseException as exc:  # noqa: B036
-                raise UserCodeError("post_inference", exc) from exc
-            timer("post_inference", perf_counter() - started)
-            return value
+            return part("post_inference", "post_inference", at_post, post, value, *post_args)
 
         return step, run_all
 
