@@ -42,7 +42,7 @@ from typing import Any
 
 import click  # uvicorn's dependency; `serve run` is a click command
 
-from modelserve.config import load_project_config
+from modelserve.config import RAY_KEYS, load_project_config
 from modelserve.errors import ConfigError, LoadError, MissingExtraError
 from modelserve.jobs import store_kind
 from modelserve.metrics import Metrics
@@ -144,16 +144,9 @@ ARGUMENTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "health_check_period_s": (_seconds, "seconds between Ray's health checks of a replica"),
     "health_check_timeout_s": (_seconds, "seconds a health check may take"),
 }
-#: Arguments that are options of the deployment itself, passed on to ``serve.deployment``.
-_DEPLOYMENT_KEYS = (
-    "num_replicas",
-    "autoscaling_config",
-    "ray_actor_options",
-    "max_ongoing_requests",
-    "max_queued_requests",
-    "health_check_period_s",
-    "health_check_timeout_s",
-)
+#: Arguments that are options of the deployment itself, passed on to ``serve.deployment``: the keys of
+#: modelserve.yaml's ``ray:``.
+_DEPLOYMENT_KEYS = tuple(sorted(RAY_KEYS))
 
 
 class _ArgumentsError(ConfigError, click.ClickException):
