@@ -41,18 +41,7 @@ import onnxruntime
 import orjson
 from _harness import Run, ServerProcess, cpus, measure, median_run, paired_ratios, write_wrk_script, wrk
 from onnx_overhead import iris_model
-
-HOOKS_PY = """
-import numpy as np
-
-
-def pre_inference(sample, signature, metadata):
-    return {"x": np.asarray(sample["inputs"], dtype=np.float32)}
-
-
-def post_inference(prediction, signature, metadata):
-    return {"outputs": prediction[0].tolist()}
-"""
+from serving_matrix import HOOKS_PY  # the matrix's model API hooks, the same request
 
 MS_YAML = """
 apis:
