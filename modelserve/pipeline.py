@@ -67,11 +67,11 @@ class Pipeline:
         timer: StageTimer | None = None,
         stage_limit: int | None = None,
         run: Step | None = None,
-        busy_work: ThreadWork | None = None,
+        busy_call: Callable[[Any, Any, RequestContext | None], Any] | None = None,
     ) -> None:
         """`run`: a backend's own step for all the stages at once (a measured fast path, `ModelFileBackend`'s); the
-        stages stay the reference, which `limited` compiles. `busy_work`: the same call as `work` is for sync
-        stages, which `Api.call` takes instead of `run` while other requests wait (see `Api.call`)."""
+        stages stay the reference, which `limited` compiles. `busy_call`: ``run``'s call as one sync function,
+        which `Api.call` runs in a worker thread instead of `run` while other requests wait (see `Api.call`)."""
         self.stages = tuple(stages)
         self.needs_inputs = needs_inputs
         self.needs_request = needs_request
@@ -84,9 +84,11 @@ class Pipeline:
         #: (a lone step is called directly: one coroutine less on every request).
         self._compiled_run: Step = self._steps[0] if len(self._steps) == 1 else self._run_steps
         self.run: Step = run if run is not None else self._compiled_run
-        #: ``run``'s call as one function for a worker thread (`ThreadWork`), for `Limiter.run` while the server
-        #: is busy: None where ``run`` has none.
-        self.busy_work = busy_work
+        #: ``run``'s call as one sync function, and as the `ThreadWork` that `Limiter.run` takes while the server
+        #: is busy: None where ``run`` has none. A spec may run more of a request around `busy_call` in the same
+        #: thread (V2 decodes and encodes there, `modelserve.http.v2`).
+        self.busy_call = busy_call
+        self.busy_work = self.thread_work(busy_call) if busy_call is not None else None
 
     @property
     def work(self) -> ThreadWork | None:

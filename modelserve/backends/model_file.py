@@ -276,8 +276,7 @@ class ModelFileBackend(Backend):
         if fused is None:
             return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer)
         step, run_all = fused
-        work = Pipeline.thread_work(run_all)
-        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=step, busy_work=work)
+        return Pipeline(stages, needs_inputs=True, needs_request=False, timer=timer, run=step, busy_call=run_all)
 
     def _pre_signature(self) -> Any:
         assert self.model is not None

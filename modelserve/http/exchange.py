@@ -203,6 +203,11 @@ class Exchange:
                 raise
             try:
                 body = await read_body(receive, limit, None)
+                # Requests parsed after this one while it waited for the loop: the server is busy (`Api.call`;
+                # known before decoding, which a spec may leave to the call's worker thread then, as V2 does).
+                order = scope.get(ORDER)
+                if order is not None and ARRIVALS.count > order:
+                    ctx.crowded = True
                 if self.prepare is not None:
                     body = self.prepare(body, head)
                 pipeline = api.backend.pipeline
@@ -228,10 +233,6 @@ class Exchange:
                 raise
             call = self.call
             cancelled = Disconnected(receive, scope)
-            # Requests parsed after this one while it waited for the loop: the server is busy (`Api.call`).
-            order = scope.get(ORDER)
-            if order is not None and ARRIVALS.count > order:
-                ctx.crowded = True
             if call is None:
                 result = await api.call(
                     value, ctx, request=request, cancelled=cancelled, admitted=size, since=scope.get(ARRIVED)

@@ -52,6 +52,7 @@ from modelserve.http._asgi import read_body, send_json
 from modelserve.http.errors import send_error
 from modelserve.http.exchange import Exchange, Head, exchange_route, writes_access_line
 from modelserve.http.routing import Route
+from modelserve.pipeline import Pipeline
 from modelserve.server import ModelServer
 from modelserve.v2 import InferRequest, decode_request, encode_response
 from modelserve.v2 import outputs_of as class_outputs
@@ -59,8 +60,6 @@ from modelserve.v2_signature import Signature, declared, meta_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
-
-    from modelserve.pipeline import Pipeline
 
 logger = logging.getLogger("modelserve")
 
@@ -162,6 +161,9 @@ class V2Model(Exchange):
         #: A model file's tensor entry (`ModelFileBackend.tensors`), once loaded: its tensors go straight to
         #: the model, without the hooks, which were written for another payload than the model's tensors.
         self._tensors: Pipeline | None = None
+        #: The same entry for a request decoded and answered in the call's worker thread (`decode`): None where
+        #: the tensor entry has no sync call for a thread (a batched API).
+        self._unread: Pipeline | None = None
         # A Model class's declared tensors are checked now, with the rest of the user's code (a LoadError).
         self._declared = _declared_by_class(api)
 
@@ -169,7 +171,7 @@ class V2Model(Exchange):
         """The API's metadata, once it has loaded (a model file's tensors are known only then)."""
         if self._signature is None or self._backend is not self.api.backend:
             backend = self._backend = self.api.backend
-            self._tensors = None
+            self._tensors = self._unread = None
             model = getattr(backend, "model", None)
             if model is not None and self.api.backend.kind == "model_file":
                 inputs = tuple(meta for meta in map(meta_of, model.inputs) if meta is not None)
@@ -177,6 +179,8 @@ class V2Model(Exchange):
                 platform = PLATFORMS.get(model.format, model.format)
                 self._tensors = getattr(backend, "tensors", None)
                 self._signature = Signature(platform, inputs, outputs, text=True)
+                if self._tensors is not None and self._tensors.busy_call is not None:
+                    self._unread = self._unread_entry(self._tensors, self._tensors.busy_call)
             else:
                 inputs, outputs = self._declared
                 self._signature = Signature("python", inputs, outputs)
@@ -248,12 +252,18 @@ class V2Model(Exchange):
         encoding = head[3][2]
         return body if encoding is None else _decompressed(body, encoding, self.api.config.max_body_size)
 
-    def decode(self, body: bytes, head: Head, ctx: RequestContext) -> InferRequest:
-        """The request, checked against the model's metadata (400s that name the tensor)."""
-        header_id, header_length, _ = head[3]
+    def decode(self, body: bytes, head: Head, ctx: RequestContext) -> InferRequest | _Unread:
+        """The request, checked against the model's metadata (400s that name the tensor); on a busy server
+        (``ctx.crowded``), a model file's request is left `_Unread`, for the worker thread that runs its call."""
         signature = self._signature
         if signature is None or self._backend is not self.api.backend:
             signature = self.signature()
+        if ctx.crowded and self._unread is not None:
+            return _Unread(body, head)
+        return self._decoded(body, head, ctx, signature)
+
+    def _decoded(self, body: bytes, head: Head, ctx: RequestContext, signature: Signature) -> InferRequest:
+        header_id, header_length, _ = head[3]
         if header_length is None and len(body) <= DECODE_INLINE_MAX:
             fast = signature.fast_request(body)
             if fast is not None:
@@ -265,22 +275,53 @@ class V2Model(Exchange):
         signature.check(request)
         return request
 
-    def call_model(self, decoded: InferRequest, ctx: RequestContext, **call: Any) -> Awaitable[Any]:
-        """`Api.call` for a decoded request: a model file's tensor entry, or the API's pipeline (HTTP and gRPC)."""
+    def call_model(self, decoded: InferRequest | _Unread, ctx: RequestContext, **call: Any) -> Awaitable[Any]:
+        """`Api.call` for a decoded request: a model file's tensor entry, or the API's pipeline (HTTP and gRPC);
+        for an `_Unread` one, the tensor entry that decodes and encodes too."""
+        if isinstance(decoded, _Unread):
+            return self.api.call(decoded, ctx, pipeline=self._unread, **call)
         return self.api.call(decoded.inputs, ctx, pipeline=self._tensors, **call)
 
-    def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
-        """The answer's body; a result V2 cannot carry (a stream, an object) is the user code's 500."""
-        if isinstance(result, Stream):
-            return partial(_refuse_stream, result)
-        request: InferRequest = value
+    def _unread_entry(self, tensors: Pipeline, tensors_call: Callable[[Any, Any, Any], Any]) -> Pipeline:
+        """The tensor entry for an `_Unread` request: decode, the model's call, then encode, all in the worker
+        thread that `Api.call` gives a crowded call (`busy_call`). The event loop, which decoded and encoded
+        every request before, now only reads and writes them, while the thread runs the waiting calls one after
+        the other (as the Model class's sync predict does); a 400 for the body comes out of the thread as it
+        would have come out of `decode`. `run`, on the loop, does the same with the entry's own step (for a
+        call that `Api.call` takes on the loop after all)."""
+
+        def whole(unread: _Unread, request: Any, ctx: Any) -> Any:
+            decoded = self._decoded(unread.body, unread.head, ctx, self.signature())
+            return self._encoded(tensors_call(decoded.inputs, request, ctx), decoded)
+
+        async def step(unread: _Unread, request: Any, ctx: Any) -> Any:
+            decoded = self._decoded(unread.body, unread.head, ctx, self.signature())
+            return self._encoded(await tensors.run(decoded.inputs, request, ctx), decoded)
+
+        return Pipeline(tensors.stages, timer=tensors.timer, run=step, busy_call=whole)
+
+    def _encoded(self, result: Any, request: InferRequest) -> Any:
+        """`encode`'s answer to a model file's `result`; a result V2 cannot carry is the user code's error,
+        which `Api.call` logs."""
         try:
             body, json_length = encode_response(self.name, request, self.outputs(result, request), self.version)
         except TypeError as exc:
-            raise self.not_encoded(ctx, exc) from None
+            raise UserCodeError("encoding the V2 answer", exc) from None
         if json_length is None:
             return body, JSON_TYPE, None
         return body, BYTES_TYPE, [(b"inference-header-content-length", str(json_length).encode())]
+
+    def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
+        """The answer's body; a result V2 cannot carry (a stream, an object) is the user code's 500."""
+        if type(value) is _Unread:
+            return result  # decoded, called and encoded in the call's thread (`_unread_entry`)
+        if isinstance(result, Stream):
+            return partial(_refuse_stream, result)
+        try:
+            return self._encoded(result, value)
+        except UserCodeError as error:
+            log_user_error(self.name, ctx, error)
+            raise
 
     def outputs(self, result: Any, request: InferRequest) -> dict[str, Any]:
         """The outputs of a call's `result` to send: those `request` names (a 400 for one the model did not
@@ -313,6 +354,16 @@ async def _refuse_stream(stream: Stream, scope: Scope, receive: Receive, send: S
     error = UserCodeError("encoding the V2 answer", refused)
     log_user_error(stream.ctx.api, stream.ctx, error)
     raise error
+
+
+class _Unread:
+    """A request's body and head, to decode in the worker thread that runs its call (`V2Model.decode`)."""
+
+    __slots__ = ("body", "head")
+
+    def __init__(self, body: bytes, head: Head) -> None:
+        self.body = body
+        self.head = head
 
 
 class _NotATensor(TypeError):

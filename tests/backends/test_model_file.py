@@ -258,6 +258,37 @@ def test_the_v2_route_runs_crowded_calls_through_the_line_too(server: Any) -> No
     assert calls(server, "crowd")["run"] == before + 1
 
 
+def test_a_crowded_v2_request_is_decoded_and_answered_in_the_thread_as_one_alone_is(server: Any) -> None:
+    # Crowded, the body is decoded, checked and its answer encoded in the call's worker thread: the same answers
+    # and 400s as on the loop, the body's id included.
+    def tensor(**change: Any) -> dict[str, Any]:
+        return {"name": "input", "datatype": "FP32", "shape": [1, 4], "data": ROW, **change}
+
+    cases = [
+        {"id": "mine-1", "inputs": [tensor()]},
+        {"inputs": [tensor(), tensor(name="other")]},
+        {"inputs": [tensor(datatype="INT8")]},
+        {"inputs": [tensor(shape=[1, 5])]},
+        {"inputs": [tensor()], "outputs": [{"name": "nothing"}]},
+    ]
+    statuses = []
+    for case in cases:
+        body = json.dumps(case).encode()
+        alone = pipelined(server, post("/v2/models/crowd/infer", body))[0]
+        before = calls(server, "crowd")["run"]
+        crowded = pipelined(server, post("/v2/models/crowd/infer", body), post("/v2/models/crowd/infer", body))
+        # a request the model runs: the first of the two in a worker thread, the second on the loop
+        assert calls(server, "crowd")["run"] == before + (alone[0] == 200)
+        statuses.append(alone[0])
+        assert crowded[0][0] == crowded[1][0] == alone[0], case
+        for _, answer in crowded:
+            assert {k: v for k, v in answer.items() if k != "request_id"} == {
+                k: v for k, v in alone[1].items() if k != "request_id"
+            }
+    assert statuses == [200, 400, 400, 400, 400]
+    assert "nothing" in alone[1]["error"]
+
+
 def test_a_batched_api_serving_unbatched_runs_crowded_calls_in_its_own_thread(server: Any) -> None:
     body = json.dumps({"inputs": [ROW]}).encode()
     expected = [(200, {"outputs": iris_expected([ROW])[1].tolist(), "tag": "v1"})] * 2
