@@ -253,12 +253,15 @@ class V2Model(Exchange):
         return body if encoding is None else _decompressed(body, encoding, self.api.config.max_body_size)
 
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> InferRequest | _Unread:
-        """The request, checked against the model's metadata (400s that name the tensor); on a busy server
-        (``ctx.crowded``), a model file's request is left `_Unread`, for the worker thread that runs its call."""
+        """The request, checked against the model's metadata (400s that name the tensor); on a busy server, a
+        model file's request is left `_Unread`, for the worker thread that runs its call. Busy as `Api.call` has
+        it: other requests read after this one (``ctx.crowded``), or a call of the API running; the second is
+        marked crowded too, so that the call goes to the thread even if that call ends before it begins."""
         signature = self._signature
         if signature is None or self._backend is not self.api.backend:
             signature = self.signature()
-        if ctx.crowded and self._unread is not None:
+        if self._unread is not None and (ctx.crowded or self.api.limiter.running):
+            ctx.crowded = True
             return _Unread(body, head)
         return self._decoded(body, head, ctx, signature)
 
