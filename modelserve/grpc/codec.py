@@ -19,7 +19,18 @@ import numpy as np
 
 from modelserve.errors import BadRequest
 from modelserve.grpc._proto import grpc_service_pb2 as pb
-from modelserve.v2 import DATATYPES, FIXED, InferRequest, V2Inputs, datatype_of, element_count, from_binary, to_binary
+from modelserve.v2 import (
+    DATATYPES,
+    FIXED,
+    MAX_RANK,
+    InferRequest,
+    V2Inputs,
+    datatype_of,
+    element_count,
+    from_binary,
+    to_binary,
+)
+from modelserve.v2_signature import Signature
 
 #: The repeated field of ``InferTensorContents`` that holds each datatype's elements.
 CONTENTS = {
@@ -96,6 +107,8 @@ def decode_infer(request: Any, text: bool, room: int) -> InferRequest:
 
 #: The numpy dtype of each datatype whose raw contents `_from_raw` views itself.
 _VIEWED = {name: dtype for name, dtype in FIXED.items() if name != "BOOL"}
+#: The datatype of each little-endian numeric dtype, whose array's ``tobytes()`` is its raw contents.
+_NATIVE: dict[np.dtype[Any], str] = {dtype: name for name, dtype in _VIEWED.items()}
 
 
 def _from_raw(name: str, datatype: str, shape: list[int], data: bytes, count: int, text: bool) -> np.ndarray:
@@ -111,6 +124,76 @@ def _from_raw(name: str, datatype: str, shape: list[int], data: bytes, count: in
             f"raw_input_contents holds {len(data)}"
         )
     return np.frombuffer(data, dtype, count).reshape(shape)
+
+
+class RawPlan:
+    """The usual ``ModelInferRequest`` of one model's `Signature`, decoded and checked in one pass.
+
+    Made once per signature (`of`: None when the model's inputs are not all viewable numeric tensors). `decode`
+    answers the same `InferRequest` as `decode_infer` followed by `Signature.check` for a request of nothing
+    but raw contents of exactly the model's inputs (in any order), each of its declared datatype, a shape of
+    its rank and fixed dimensions with no empty dimension, and data of exactly that shape's bytes. For any
+    other request it answers None, and the caller takes the general path, which answers it or says what is
+    wrong: the fast path never refuses anything itself. Measured in-process on iris (one FP32 input): 2.6 us
+    against 7.3 us for `decode_infer` and the check (tests/grpc/test_fast_path.py compares the two).
+    """
+
+    __slots__ = ("expected", "count")
+
+    def __init__(self, expected: dict[str, tuple[str, np.dtype[Any], int, tuple[tuple[int, int], ...]]]) -> None:
+        #: Each input's datatype, dtype, rank (-1: any, up to `MAX_RANK`) and fixed dimensions by name.
+        self.expected = expected
+        self.count = len(expected)
+
+    @classmethod
+    def of(cls, signature: Signature) -> RawPlan | None:
+        inputs = signature.inputs
+        if not inputs or any(meta.datatype not in _VIEWED for meta in inputs):
+            return None
+        expected = {}
+        for meta in inputs:
+            shape = meta.shape
+            rank = -1 if shape is None else len(shape)
+            fixed = () if shape is None else tuple((axis, size) for axis, size in enumerate(shape) if size >= 0)
+            expected[meta.name] = (meta.datatype, _VIEWED[meta.datatype], rank, fixed)
+        return cls(expected) if len(expected) == len(inputs) else None
+
+    def decode(self, request: Any) -> InferRequest | None:
+        """`request`'s inputs viewed without a copy, or None where the general path must look. No bound on the
+        element count is needed: data of exactly a shape's bytes, none of them empty, is inside the message."""
+        raw = request.raw_input_contents
+        tensors = request.inputs
+        count = self.count
+        if len(raw) != count or len(tensors) != count or request.parameters or request.outputs:
+            return None
+        expected = self.expected
+        inputs = V2Inputs()
+        inputs.parameters = {}
+        for index in range(count):
+            tensor = tensors[index]
+            name = tensor.name
+            want = expected.get(name)
+            if want is None or name in inputs:
+                return None
+            datatype, dtype, rank, fixed = want
+            shape = [*tensor.shape]
+            if tensor.datatype != datatype or (len(shape) != rank if rank >= 0 else len(shape) > MAX_RANK):
+                return None
+            elements = 1
+            for dim in shape:
+                if dim <= 0:  # empty dimensions: `element_count` bounds them; negative ones: it refuses them
+                    return None
+                elements *= dim
+            for axis, size in fixed:
+                if shape[axis] != size:
+                    return None
+            data = raw[index]
+            if len(data) != elements * dtype.itemsize or tensor.HasField("contents"):
+                return None
+            # A read-only view of exactly `data`, as `np.frombuffer(...).reshape(...)` makes, in one call (0.6 us
+            # against 1.3 us, measured in-process).
+            inputs[name] = np.ndarray(shape, dtype, data)
+        return InferRequest(request.id or None, inputs, None, True)
 
 
 def _from_contents(name: str, datatype: str, shape: list[int], contents: Any, count: int, text: bool) -> np.ndarray:
@@ -149,10 +232,14 @@ def encode_infer(model_name: str, version: str, request: InferRequest, outputs: 
     names = outputs if request.outputs is None else request.outputs
     for name in names:
         array = outputs[name]
-        datatype = datatype_of(array.dtype)
-        add(name=name, datatype=datatype, shape=array.shape)
-        if datatype == "BYTES" or array.dtype.byteorder == ">":
-            append(bytes(to_binary(array, datatype)))
-        else:  # little-endian values in C order, one copy (0.1 us against 2.6 us through to_binary's view)
+        datatype = _NATIVE.get(array.dtype)
+        if datatype is not None:
+            # little-endian values in C order, one copy (0.1 us against 2.6 us through to_binary's view), and
+            # the datatype in one lookup (0.7 us less a response than `datatype_of`, measured in-process)
+            add(name=name, datatype=datatype, shape=array.shape)
             append(array.tobytes())
+        else:
+            datatype = datatype_of(array.dtype)
+            add(name=name, datatype=datatype, shape=array.shape)
+            append(bytes(to_binary(array, datatype)))
     return response

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
+from time import perf_counter
 from typing import Any
 
 import grpc
@@ -36,11 +36,13 @@ from modelserve.api import Stream
 from modelserve.context import RequestContext, current, sane_request_id
 from modelserve.errors import BadRequest, ClientDisconnected, HTTPError, LoadError, NotFound, PayloadTooLarge
 from modelserve.grpc._proto import grpc_service_pb2 as pb
-from modelserve.grpc.codec import decode_infer, encode_infer
+from modelserve.grpc.codec import RawPlan, decode_infer, encode_infer
 from modelserve.http.auth import Access, ApiKeys
 from modelserve.http.errors import render
 from modelserve.http.v2 import EXTENSIONS, V2Model, V2Versions, served_versions, statistics
 from modelserve.server import ModelServer
+from modelserve.v2 import InferRequest
+from modelserve.v2_signature import Signature
 
 logger = logging.getLogger("modelserve")
 
@@ -58,6 +60,7 @@ CODES = {
 }
 #: The methods a client may call without an API key (the probes).
 OPEN = frozenset({"ServerLive", "ServerReady"})
+_UNPLANNED: Any = object()
 
 
 def _parameter(value: Any) -> Any:
@@ -70,14 +73,11 @@ def _metadata(context: Any) -> dict[str, str]:
     return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
-def _request_id(request: Any, context: Any) -> str:
+def _request_id(request: Any, metadata: dict[str, str] | None) -> str:
     """The call's request id: the request's ``id``, else its ``x-request-id`` metadata, else a new one."""
     given = request.id
-    if not given:
-        for key, value in context.invocation_metadata() or ():
-            if key == "x-request-id" and isinstance(value, str):
-                given = value
-                break
+    if not given and metadata is not None:
+        given = metadata.get("x-request-id")
     return sane_request_id(given or None)
 
 
@@ -145,6 +145,8 @@ class InferenceServicer:
         self.versioned = {name: V2Versions(server, name) for name in realtime if name in server.versions}
         #: The largest message any API takes (gRPC's own limit); each API's ``max_body_size`` is checked too.
         self.max_message = max((api.config.max_body_size for api in server.all_apis()), default=1 << 20)
+        #: The fast path of each model signature's usual request (None: the model has none), made on first use.
+        self._plans: dict[Signature, RawPlan | None] = {}
 
     def names(self) -> list[str]:
         """The models served, by name."""
@@ -169,13 +171,14 @@ class InferenceServicer:
                 return model
         raise NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
 
-    def _authorize(self, context: Any, method: str, api: str | None) -> None:
+    def _authorize(self, context: Any, method: str, api: str | None, metadata: dict[str, str] | None = None) -> None:
         keys = self.keys
         if keys is None or method in OPEN:
             return
         if api is not None and keys.protected_apis is not None and api not in keys.protected_apis:
             return
-        metadata = _metadata(context)
+        if metadata is None:
+            metadata = _metadata(context)
         authorization, api_key = metadata.get("authorization"), metadata.get("x-api-key")
         refusal = keys.check(
             Access.API_KEY,
@@ -296,9 +299,11 @@ class InferenceServicer:
     # inference
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        request_id = _request_id(request, context)
+        # The metadata read once, for the request id and the API key, and only when one of them needs it.
+        metadata = _metadata(context) if self.keys is not None or not request.id else None
+        request_id = _request_id(request, metadata)
         try:
-            return await self._infer(request, context, request_id)
+            return await self._infer(request, context, request_id, metadata)
         except HTTPError as exc:
             await self._abort(context, exc, request_id)
 
@@ -309,7 +314,7 @@ class InferenceServicer:
         async for request in requests:
             request_id = sane_request_id(request.id or None)
             try:
-                answer = await self._infer(request, context, request_id, streaming=True)
+                answer = await self._infer(request, context, request_id, None, streaming=True)
             except HTTPError as exc:
                 yield self._stream_error(exc, request_id)
                 continue
@@ -347,15 +352,18 @@ class InferenceServicer:
             raise
         finally:
             await stream.aclose()
-            model.api.metrics.answered(status, time.perf_counter() - chunks.started)
+            model.api.metrics.answered(status, perf_counter() - chunks.started)
 
-    async def _infer(self, request: Any, context: Any, request_id: str, streaming: bool = False) -> Any:
+    async def _infer(
+        self, request: Any, context: Any, request_id: str, metadata: dict[str, str] | None, streaming: bool = False
+    ) -> Any:
         """The answer of one inference; with `streaming`, a generating API's `_Chunks` (whose end the caller
-        records in the metrics)."""
-        started = time.perf_counter()
+        records in the metrics). `metadata`: the call's, when the caller has read it already."""
+        started = perf_counter()
         model = self.model(request.model_name, request.model_version)
         api = model.api
-        self._authorize(context, "ModelInfer", api.name)
+        if self.keys is not None:
+            self._authorize(context, "ModelInfer", api.name, metadata)
         ctx = RequestContext(api.name, request_id)
         token = current.set(ctx)
         status = 200
@@ -366,9 +374,7 @@ class InferenceServicer:
                 raise PayloadTooLarge(f"the request of {size} bytes is larger than the limit of {limit} bytes")
             api.admit(size)
             try:
-                signature = model.signature()
-                decoded = decode_infer(request, signature.text, size)
-                signature.check(decoded)
+                decoded = self._decoded(model, request, size)
             except BaseException:
                 api.unadmit(size)
                 raise
@@ -383,8 +389,7 @@ class InferenceServicer:
                     "one response per chunk"
                 )
             try:
-                outputs = model.outputs(result, decoded)
-                return encode_infer(model.name, model.version, decoded, outputs)
+                return encode_infer(model.name, model.version, decoded, model.outputs(result, decoded))
             except TypeError as exc:
                 raise model.not_encoded(ctx, exc) from None
         except asyncio.CancelledError:
@@ -400,4 +405,23 @@ class InferenceServicer:
         finally:
             current.reset(token)
             if status:
-                api.metrics.answered(status, time.perf_counter() - started)
+                api.metrics.answered(status, perf_counter() - started)
+
+    def _decoded(self, model: V2Model, request: Any, size: int) -> InferRequest:
+        """`request`'s inputs, checked against `model`'s signature: the usual request through the signature's
+        `RawPlan`, anything else (or anything wrong) through `decode_infer` and the check, which name the
+        problem."""
+        signature = model.signature()
+        plans = self._plans
+        plan: RawPlan | None = plans.get(signature, _UNPLANNED)
+        if plan is _UNPLANNED:
+            if len(plans) >= 64:  # signatures replaced by repository loads: keep the table small
+                plans.clear()
+            plan = plans[signature] = RawPlan.of(signature)
+        if plan is not None:
+            decoded = plan.decode(request)
+            if decoded is not None:
+                return decoded
+        decoded = decode_infer(request, signature.text, size)
+        signature.check(decoded)
+        return decoded
