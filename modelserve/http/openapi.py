@@ -356,6 +356,28 @@ def _realtime(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
     return {"post": post, **_describe_get(builder, api, "describe")}
 
 
+def _versioned(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
+    """``/<api>/versions/{version}`` of an API with numbered versions (`modelserve.http.versions`): the API's
+    operations on one version, described by the highest ready one, with the version as a path parameter."""
+    numbers = [str(number) for number in sorted(endpoint.versions.apis)]
+    parameter = {
+        "name": "version",
+        "in": "path",
+        "required": True,
+        "description": f"A version the API serves ({', '.join(numbers)} when this document was made).",
+        "schema": {"type": "string", "pattern": "^[0-9]+$", "examples": numbers},
+    }
+    operations = _realtime(builder, endpoint)
+    for verb, operation in operations.items():
+        name = endpoint.name
+        operation["operationId"] = _op_id(f"{'call' if verb == 'post' else 'describe'}_version", name)
+        operation["summary"] = f"{operation['summary']}, in one of its versions"
+        operation["parameters"] = [parameter]
+        operation["responses"] = {**operation["responses"], "404": _error(404)}
+        operation["responses"] = dict(sorted(operation["responses"].items()))
+    return operations
+
+
 def _jobs(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
     api: Api = endpoint.api
     body, _ = BODIES.get(api.backend.kind, _any_json_body)(builder, api)
@@ -543,7 +565,7 @@ def _ping(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
 
 def _describers() -> dict[Any, tuple[str, Describer]]:
     """The endpoint methods the document knows, with the path template they are listed under."""
-    from modelserve.http import app, docs, jobs, openai, realtime, truss
+    from modelserve.http import app, docs, jobs, openai, realtime, truss, versions
 
     return {
         openai.OpenAIEndpoint.post: ("", _openai_call),
@@ -555,6 +577,7 @@ def _describers() -> dict[Any, tuple[str, Describer]]:
         truss.Invocations.post: ("", _alias("invocations", "The API's predict, under SageMaker's path")),
         truss.SageMaker.ping: ("", _ping),
         realtime.RealtimeEndpoint.post: ("", _realtime),
+        versions.VersionRoutes.post: ("", _versioned),
         jobs.JobsEndpoint.submit: ("", _jobs),
         jobs.JobsEndpoint.show: ("", _job),
         app.ServerRoutes.healthz: ("", _healthz),
