@@ -73,11 +73,18 @@ def _metadata(context: Any) -> dict[str, str]:
     return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
 
-def _request_id(request: Any, metadata: dict[str, str] | None) -> str:
-    """The call's request id: the request's ``id``, else its ``x-request-id`` metadata, else a new one."""
+def _request_id(request: Any, context: Any, metadata: dict[str, str] | None) -> str:
+    """The call's request id: the request's ``id``, else its ``x-request-id`` metadata (from `metadata` when the
+    caller has read it, else looked up without copying the rest), else a new one."""
     given = request.id
-    if not given and metadata is not None:
-        given = metadata.get("x-request-id")
+    if not given:
+        if metadata is not None:
+            given = metadata.get("x-request-id")
+        else:
+            for key, value in context.invocation_metadata() or ():
+                if key == "x-request-id" and isinstance(value, str):
+                    given = value
+                    break
     return sane_request_id(given or None)
 
 
@@ -299,9 +306,9 @@ class InferenceServicer:
     # inference
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        # The metadata read once, for the request id and the API key, and only when one of them needs it.
-        metadata = _metadata(context) if self.keys is not None or not request.id else None
-        request_id = _request_id(request, metadata)
+        # With API keys on, the metadata is read once, for the key and the request id.
+        metadata = _metadata(context) if self.keys is not None else None
+        request_id = _request_id(request, context, metadata)
         try:
             return await self._infer(request, context, request_id, metadata)
         except HTTPError as exc:

@@ -5,6 +5,7 @@ bare gRPC channel, and, without a server, the plan compared with the general pat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,9 +25,23 @@ apis:
     model: {path: simple.onnx}
   - name: pairs
     handler: {path: model.py, class: Pairs}
+  - name: ids
+    handler: {path: model.py, class: Ids}
 """
 
 MODEL = """
+import numpy as np
+
+import modelserve
+
+
+class Ids:
+    v2_inputs = [{"name": "x", "datatype": "FP32", "shape": [-1]}]
+
+    def predict(self, inputs):
+        return {"id": np.array([modelserve.current_request_id()], dtype=object)}
+
+
 class Pairs:
     v2_inputs = [{"name": "x", "datatype": "FP64", "shape": [-1, 2]}]
 
@@ -133,6 +148,24 @@ def test_a_model_class_with_declared_inputs_and_its_parameters(address: str) -> 
     scaled = request_of(("x", "FP64", [2, 2], x.tobytes()), model="pairs")
     scaled.parameters["scale"].int64_param = 3
     assert infer(address, scaled)["y"].tolist() == (x * 3).tolist()
+
+
+@pytest.mark.parametrize(
+    ("given", "metadata", "expected"),
+    [("from-request", (), "from-request"), ("", (("x-request-id", "from-metadata"),), "from-metadata")]
+    + [("from-request", (("x-request-id", "from-metadata"),), "from-request"), ("", (), None)],
+)
+def test_the_request_id_comes_from_the_request_then_the_metadata(
+    address: str, given: str, metadata: tuple[tuple[str, str], ...], expected: str | None
+) -> None:
+    request = request_of(("x", "FP32", [1], bytes(4)), model="ids", id=given)
+    response = raw_call(address, "ModelInfer", request, service_pb2.ModelInferResponse, metadata=metadata)
+    raw = response.raw_output_contents[0]
+    seen = raw[4 : 4 + int.from_bytes(raw[:4], "little")].decode()
+    if expected is None:
+        assert re.fullmatch("[0-9a-f]{32}", seen), seen  # a new one
+    else:
+        assert seen == expected
 
 
 # ------------------------------------------------------------------------------------------------
