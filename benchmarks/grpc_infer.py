@@ -21,13 +21,21 @@ process), which a busy machine disturbs less than req/s. Every cell is the media
 take turns within a round); a ratio is the median of the ratios within a round. The target of issue 33:
 ``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
 
+With ``--in-process``, no network: the servicer's ``ModelInfer`` called in a loop with a stand-in context (the
+same message each time), alternating round by round with the bare servicer's handler in the same process,
+each checkout (this one, and ``--before``'s) in a process of its own pinned to the server's CPU; ``us/call``
+is the median of the rounds, ``above bare`` modelserve's median cost above the bare handler's. A shared
+machine disturbs this far less than the network runs: decide with it, confirm over the network.
+
     python benchmarks/grpc_infer.py [--duration 2] [--repeats 3] [--concurrency 1,16,64] [--pin]
     python benchmarks/grpc_infer.py --before /tmp/grpc-before
+    python benchmarks/grpc_infer.py --in-process [--before /tmp/grpc-before] [--repeats 15]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import struct
 import subprocess
@@ -117,6 +125,68 @@ async def main():
 asyncio.run(main())
 """
 
+IN_PROCESS = """
+import asyncio, statistics, sys, time
+
+import numpy as np
+import onnxruntime
+
+from modelserve.config import load_project_config
+from modelserve.grpc._proto import grpc_service_pb2 as pb
+from modelserve.grpc.servicer import InferenceServicer
+from modelserve.server import ModelServer
+
+root, rounds, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = 1
+options.inter_op_num_threads = 1
+session = onnxruntime.InferenceSession(root + "/model.onnx", options, providers=["CPUExecutionProvider"])
+
+
+async def bare(request, context):
+    tensor = request.inputs[0]
+    x = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(list(tensor.shape))
+    (y,) = session.run(None, {"x": x})
+    response = pb.ModelInferResponse(model_name=request.model_name, model_version="1")
+    response.outputs.add(name="probabilities", datatype="FP32", shape=y.shape)
+    response.raw_output_contents.append(y.tobytes())
+    return response
+
+
+class Context:
+    def invocation_metadata(self):
+        return (("user-agent", "grpc-python-asyncio/1"),)
+
+    def add_done_callback(self, callback):
+        pass
+
+
+async def main():
+    server = ModelServer(load_project_config(root))
+    server.start()
+    await server.wait_loaded()
+    servicer = InferenceServicer(server, None)
+    request = pb.ModelInferRequest(model_name="iris")
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(np.array([[5.1, 3.5, 1.4, 0.2]], np.float32).tobytes())
+    context = Context()
+    ours, theirs = await servicer.ModelInfer(request, context), await bare(request, context)
+    assert ours.raw_output_contents == theirs.raw_output_contents
+    times = {"modelserve": [], "bare": []}
+    for _ in range(rounds):
+        for name, handler in (("modelserve", servicer.ModelInfer), ("bare", bare)):
+            started = time.perf_counter()
+            for _ in range(calls):
+                await handler(request, context)
+            times[name].append((time.perf_counter() - started) / calls * 1e6)
+    above = statistics.median(a - b for a, b in zip(times["modelserve"], times["bare"]))
+    print(statistics.median(times["modelserve"]), statistics.median(times["bare"]), above)
+    server.close()
+
+
+asyncio.run(main())
+"""
+
 PROJECT = """
 apis:
   - name: iris
@@ -174,7 +244,11 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--before", type=Path, help="a checkout of modelserve to measure as grpc-before")
+    parser.add_argument("--in-process", action="store_true", help="the servicer called in a loop, no network")
     args = parser.parse_args()
+    if args.in_process:
+        in_process(args.before, args.repeats, args.pin)
+        return
     server_cpu, client_cpu = cpus(args.pin)
     levels = [int(level) for level in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory() as folder:
@@ -230,6 +304,31 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
+
+
+def in_process(before: Path | None, rounds: int, pin: bool | None) -> None:
+    """The servicer's ModelInfer against the bare handler in one process, for this checkout and `before`'s."""
+    checkouts = {"modelserve": REPO} | ({"before": before.resolve()} if before is not None else {})
+    prefix = ["taskset", "-c", "0"] if pin is not False and shutil.which("taskset") else []
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        iris_model(root / "model.onnx")
+        (root / "modelserve.yaml").write_text(textwrap.dedent(PROJECT))
+        script = root / "in_process.py"
+        script.write_text(IN_PROCESS)
+        print(f"iris in one process, {max(rounds, 5)} rounds of 3,000 calls each; us a call, median of rounds\n")
+        print(f"{'checkout':>12} {'us/call':>9} {'bare':>9} {'above bare':>11}")
+        for name, checkout in checkouts.items():
+            done = subprocess.run(
+                [*prefix, sys.executable, str(script), str(root), str(max(rounds, 5)), "3000"],
+                capture_output=True,
+                text=True,
+                cwd=checkout,
+                env={"PYTHONPATH": str(checkout), "PATH": "/usr/bin:/bin"},
+                check=True,
+            )
+            ours, bare, above = (float(value) for value in done.stdout.split())
+            print(f"{name:>12} {ours:>9.1f} {bare:>9.1f} {above:>11.1f}", flush=True)
 
 
 def ratio(runs: list[tuple[float, float]], base: list[tuple[float, float]]) -> float:
