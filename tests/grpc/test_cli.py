@@ -132,3 +132,13 @@ def test_the_grpc_page_benchmark_command_names_its_options() -> None:
     assert usage.returncode == 0, usage.stderr
     for option in words[2::2]:
         assert option in usage.stdout, option
+
+
+def test_the_grpc_page_in_process_benchmark_command_names_its_options() -> None:
+    command = block(page("grpc.md"), "bash", 2).strip()
+    words = command.split()
+    assert words[:3] == ["python", "benchmarks/grpc_infer.py", "--in-process"]
+    usage = subprocess.run([sys.executable, words[1], "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0, usage.stderr
+    for option in (word for word in words[2:] if word.startswith("--")):
+        assert option in usage.stdout, option
