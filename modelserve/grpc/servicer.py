@@ -13,7 +13,8 @@ HTTP routes, an inference through `Api.call` like any other.
     RepositoryIndex, RepositoryModelLoad/Unload the model repository (`modelserve.repository`)
 
 An inference is admitted (the API's line, 503 as UNAVAILABLE), decoded and checked against the model's
-signature (`modelserve.grpc.codec`, INVALID_ARGUMENT naming the input), and called with a `cancelled` that
+signature (`modelserve.grpc.codec`, INVALID_ARGUMENT naming the input; the usual request in one pass by the
+signature's `RawPlan`, made once), and called with a `cancelled` that
 completes when the RPC ends early: the client cancels it, or its deadline passes. Every error goes through
 the HTTP edge's one error map (`modelserve.http.errors.render`), whose status picks the gRPC code (`CODES`)
 and whose message is the answer's details (Triton's wording for an unknown model). The metrics and the
