@@ -30,6 +30,11 @@ _INT64 = 0xFFFFFFFFFFFFFFFF
 #: A key's encoded ``KeyValue.key`` field, made once per key (the first `_KEYS_KEPT` keys).
 _keys: dict[str, bytes] = {}
 _KEYS_KEPT = 4096
+#: A string attribute's whole encoded ``KeyValue`` (the route, method, server address and api name repeat on every
+#: request): made once per pair, the first `_KEYS_KEPT` pairs.
+_pairs: dict[tuple[str, str], bytes] = {}
+#: A span name's encoded ``Span.name`` field, made once per name (the first `_KEYS_KEPT` names).
+_names: dict[str, bytes] = {}
 
 
 def _varint(value: int) -> bytes:
@@ -75,6 +80,17 @@ def _value(value: Any) -> bytes:
 
 
 def _key_value(key: str, value: Any) -> bytes:
+    if type(value) is str:
+        pair = _pairs.get((key, value))
+        if pair is None:
+            pair = _key_value_made(key, value)
+            if len(_pairs) < _KEYS_KEPT:  # per-request values (paths, ids) must not grow it without bound
+                _pairs[(key, value)] = pair
+        return pair
+    return _key_value_made(key, value)
+
+
+def _key_value_made(key: str, value: Any) -> bytes:
     encoded = _keys.get(key)
     if encoded is None:
         encoded = _field(0x0A, key.encode("utf-8"))
@@ -103,8 +119,14 @@ def _encode_span(span: Any) -> bytes:
     parent = span.parent
     if parent:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    if span.name:
-        parts.append(_field(0x2A, span.name.encode("utf-8")))
+    name = span.name
+    if name:
+        encoded = _names.get(name)
+        if encoded is None:
+            encoded = _field(0x2A, name.encode("utf-8"))
+            if len(_names) < _KEYS_KEPT:
+                _names[name] = encoded
+        parts.append(encoded)
     parts += (b"\x30", _varint(_KINDS[span.kind.value]))
     if span.start_time:
         parts += (b"\x39", _FIXED64(span.start_time))

@@ -104,6 +104,28 @@ def test_a_batch_is_grouped_by_resource_and_scope_as_the_sdk_groups_it() -> None
     assert sum(len(scope.spans) for scope in resource_spans.scope_spans) == len(batch)
 
 
+def test_a_span_encoded_again_from_the_made_once_parts_is_the_same_message() -> None:
+    batch = spans()
+    first = _otlp.encode(batch)  # fills the made-once names and string attributes
+    assert _otlp.encode(batch) == first
+    assert _otlp.same_as_sdk(batch)
+
+
+def test_the_made_once_parts_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_otlp, "_pairs", {})
+    monkeypatch.setattr(_otlp, "_names", {})
+    monkeypatch.setattr(_otlp, "_KEYS_KEPT", 2)
+    tracer = TracerProvider().get_tracer("modelserve")
+    made = []
+    for index in range(5):  # a per-request value and name: each new, past the bound
+        span = tracer.start_span(f"span {index}", attributes={"url.path": f"/predict/{index}"})
+        span.end()
+        made.append(span)
+    for span in made:
+        assert _otlp.same_as_sdk([span])
+    assert len(_otlp._pairs) == 2 and len(_otlp._names) == 2
+
+
 def test_the_spans_checked_at_start_are_encoded_as_the_sdk_encodes_them() -> None:
     assert _otlp.same_as_sdk(tracing._sample_spans())
 
