@@ -30,9 +30,9 @@ _INT64 = 0xFFFFFFFFFFFFFFFF
 #: A key's encoded ``KeyValue.key`` field, made once per key (the first `_KEYS_KEPT` keys).
 _keys: dict[str, bytes] = {}
 _KEYS_KEPT = 4096
-#: A string attribute's whole encoded ``KeyValue`` (the route, method, server address and api name repeat on every
-#: request): made once per pair, the first `_KEYS_KEPT` pairs.
-_pairs: dict[tuple[str, str], bytes] = {}
+#: A string or int attribute's whole encoded ``KeyValue`` (the route, method, server address and port, api name
+#: and status code repeat on every request): made once per pair, the first `_KEYS_KEPT` pairs.
+_pairs: dict[tuple[str, str | int], bytes] = {}
 #: A span name's encoded ``Span.name`` field, made once per name (the first `_KEYS_KEPT` names).
 _names: dict[str, bytes] = {}
 
@@ -80,7 +80,7 @@ def _value(value: Any) -> bytes:
 
 
 def _key_value(key: str, value: Any) -> bytes:
-    if type(value) is str:
+    if type(value) is str or type(value) is int:  # not bool: True == 1 would share 1's bytes
         pair = _pairs.get((key, value))
         if pair is None:
             pair = _key_value_made(key, value)

@@ -111,6 +111,20 @@ def test_a_span_encoded_again_from_the_made_once_parts_is_the_same_message() -> 
     assert _otlp.same_as_sdk(batch)
 
 
+def test_a_made_once_int_attribute_is_not_given_to_a_bool_of_the_same_value() -> None:
+    tracer = TracerProvider().get_tracer("modelserve")
+    made = []
+    for value in (1, True, 0, False, 1):
+        span = tracer.start_span("flag", attributes={"modelserve.flag": value})
+        span.end()
+        made.append(span)
+    for span in made:
+        assert _otlp.same_as_sdk([span])
+    (one, true) = (parsed(_otlp.encode([span])) for span in made[:2])
+    assert one.resource_spans[0].scope_spans[0].spans[0].attributes[0].value.int_value == 1
+    assert true.resource_spans[0].scope_spans[0].spans[0].attributes[0].value.bool_value is True
+
+
 def test_the_made_once_parts_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_otlp, "_pairs", {})
     monkeypatch.setattr(_otlp, "_names", {})
