@@ -48,15 +48,9 @@ from pathlib import Path
 from _harness import REPO, ServerProcess, cpus, free_port, measure, write_wrk_script
 from onnx_overhead import iris_model
 
-BARE = """
-import asyncio, sys
-
-import grpc
-import numpy as np
-import onnxruntime
-
-from modelserve.grpc._proto import grpc_service_pb2 as pb
-
+#: The bare servicer's one method and its session, the same text in the bare server and in-process: the
+#: model's path is the script's first argument.
+HANDLER = """
 options = onnxruntime.SessionOptions()
 options.intra_op_num_threads = 1
 options.inter_op_num_threads = 1
@@ -71,7 +65,21 @@ async def infer(request, context):
     response.outputs.add(name="probabilities", datatype="FP32", shape=y.shape)
     response.raw_output_contents.append(y.tobytes())
     return response
+"""
 
+BARE = (
+    """
+import asyncio, sys
+
+import grpc
+import numpy as np
+import onnxruntime
+
+from modelserve.grpc._proto import grpc_service_pb2 as pb
+
+"""
+    + HANDLER
+    + """
 
 async def main():
     server = grpc.aio.server()
@@ -87,6 +95,7 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 CLIENT = """
 import asyncio, sys, time
@@ -125,7 +134,8 @@ async def main():
 asyncio.run(main())
 """
 
-IN_PROCESS = """
+IN_PROCESS = (
+    """
 import asyncio, statistics, sys, time
 
 import numpy as np
@@ -136,22 +146,10 @@ from modelserve.grpc._proto import grpc_service_pb2 as pb
 from modelserve.grpc.servicer import InferenceServicer
 from modelserve.server import ModelServer
 
-root, rounds, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-options = onnxruntime.SessionOptions()
-options.intra_op_num_threads = 1
-options.inter_op_num_threads = 1
-session = onnxruntime.InferenceSession(root + "/model.onnx", options, providers=["CPUExecutionProvider"])
-
-
-async def bare(request, context):
-    tensor = request.inputs[0]
-    x = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(list(tensor.shape))
-    (y,) = session.run(None, {"x": x})
-    response = pb.ModelInferResponse(model_name=request.model_name, model_version="1")
-    response.outputs.add(name="probabilities", datatype="FP32", shape=y.shape)
-    response.raw_output_contents.append(y.tobytes())
-    return response
-
+root, rounds, calls = sys.argv[1].rsplit("/", 1)[0], int(sys.argv[2]), int(sys.argv[3])
+"""
+    + HANDLER
+    + """
 
 class Context:
     def invocation_metadata(self):
@@ -170,11 +168,11 @@ async def main():
     request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     request.raw_input_contents.append(np.array([[5.1, 3.5, 1.4, 0.2]], np.float32).tobytes())
     context = Context()
-    ours, theirs = await servicer.ModelInfer(request, context), await bare(request, context)
+    ours, theirs = await servicer.ModelInfer(request, context), await infer(request, context)
     assert ours.raw_output_contents == theirs.raw_output_contents
     times = {"modelserve": [], "bare": []}
     for _ in range(rounds):
-        for name, handler in (("modelserve", servicer.ModelInfer), ("bare", bare)):
+        for name, handler in (("modelserve", servicer.ModelInfer), ("bare", infer)):
             started = time.perf_counter()
             for _ in range(calls):
                 await handler(request, context)
@@ -186,6 +184,7 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 PROJECT = """
 apis:
@@ -320,7 +319,7 @@ def in_process(before: Path | None, rounds: int, pin: bool | None) -> None:
         print(f"{'checkout':>12} {'us/call':>9} {'bare':>9} {'above bare':>11}")
         for name, checkout in checkouts.items():
             done = subprocess.run(
-                [*prefix, sys.executable, str(script), str(root), str(max(rounds, 5)), "3000"],
+                [*prefix, sys.executable, str(script), str(root / "model.onnx"), str(max(rounds, 5)), "3000"],
                 capture_output=True,
                 text=True,
                 cwd=checkout,
