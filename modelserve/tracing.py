@@ -355,16 +355,20 @@ class _Batches(SpanProcessor):
 
     def _work(self) -> None:
         while not self._stopped:
-            self._wake.wait(self.delay)
+            full = self._wake.wait(self.delay)
             self._wake.clear()
-            self._export()
+            self._export(full)
         self._export()  # what the shutdown left
 
-    def _export(self) -> None:
-        """Export what waits now, a batch at a time."""
+    def _export(self, full_only: bool = False) -> None:
+        """Export what waits now, a batch at a time; with `full_only` (a full batch woke the thread), full batches
+        only: the rest waits for the next full batch or the schedule's delay. (Draining the queue whenever a
+        batch filled exported every few spans that came during the last export, one POST each: at one
+        connection, four in ten samples of the process were the export thread's HTTP client.)"""
         queue = self.queue
+        least = self.batch if full_only else 1
         with self._exporting:
-            while queue:
+            while len(queue) >= least:
                 batch = [queue.popleft() for _ in range(min(self.batch, len(queue)))]
                 try:
                     result = self.exporter.export(batch)
