@@ -289,7 +289,8 @@ class Adaptive:
 #: Receives a call's result or its exception, in the thread that ran it.
 Done = Callable[[Any, "BaseException | None"], None]
 
-#: The nice value of a batched API's threads, above the event loop's (Linux; elsewhere they keep the process's).
+#: How much higher than the event loop's a batched API's threads set their nice value (Linux; elsewhere they
+#: keep the process's).
 #: Where the model and the event loop share a core, the loop then reads, decodes and answers requests before
 #: the model's thread takes the core back, so the next batch finds every request that came meanwhile: with
 #: the server on one core, a 4x1024^2 MLP at 64 connections ran batches of 22-31 requests instead of 4.4, and
@@ -323,6 +324,10 @@ class BatchThreads:
         self._threads: list[threading.Thread] = []
         #: ``threading.get_ident()`` of each started thread.
         self.idents: list[int] = []
+        #: Jobs submitted (by the event loop's thread only), and jobs finished by each thread (each slot
+        #: written by its thread only): `busy()` compares them without a lock.
+        self.submitted = 0
+        self._finished = [0] * count
 
     def start(self, warm: Callable[[], Any] | None = None) -> None:
         """Start the threads and wait until each has run `warm` (its exception is logged, not raised)."""
@@ -331,7 +336,10 @@ class BatchThreads:
         ready = threading.Barrier(self.count + 1)
         for index in range(self.count):
             thread = threading.Thread(
-                target=self._work, args=(warm, ready), name=f"modelserve-batch-{self.name}-{index}", daemon=True
+                target=self._work,
+                args=(warm, ready, index),
+                name=f"modelserve-batch-{self.name}-{index}",
+                daemon=True,
             )
             thread.start()
             self._threads.append(thread)
@@ -341,7 +349,12 @@ class BatchThreads:
         """Run ``fn(*args)`` on one of the threads, then ``done(result, None)`` or ``done(None, exception)``."""
         if not self._threads:
             self.start()
+        self.submitted += 1
         self._jobs.put((fn, args, done))
+
+    def busy(self) -> bool:
+        """Whether a job submitted is still queued or running (its `done` may have been called already)."""
+        return self.submitted != sum(self._finished)
 
     def run_here(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         """``fn(*args)`` on one of the threads, as an awaitable of the running loop (for async callers)."""
@@ -361,11 +374,16 @@ class BatchThreads:
         self.submit(fn, args, done)
         return future
 
-    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier) -> None:
+    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier, index: int) -> None:
         self.idents.append(threading.get_ident())
         if sys.platform == "linux":  # where PRIO_PROCESS with a thread's id sets that thread's nice value alone
             try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BATCH_THREAD_NICE)
+                # relative to the nice value the thread started with (the loop's): a server started at nice 10
+                # keeps its batch threads below its loop too, rather than raising them to BATCH_THREAD_NICE
+                native = threading.get_native_id()
+                os.setpriority(
+                    os.PRIO_PROCESS, native, min(os.getpriority(os.PRIO_PROCESS, native) + BATCH_THREAD_NICE, 19)
+                )
             except OSError as exc:  # a sandbox refusing it: the threads keep the process's priority
                 logger.debug("batch thread of api '%s': nice value not set (%s)", self.name, exc)
         devices.enter(self.name)  # modelserve.device() in the batched predict: this API's device
@@ -376,7 +394,7 @@ class BatchThreads:
             logger.debug("batch thread of api '%s': warm-up failed (%r)", self.name, exc)
         finally:
             ready.wait()
-        jobs = self._jobs
+        jobs, finished = self._jobs, self._finished
         while True:
             job = jobs.get()
             if job is None:
@@ -391,6 +409,7 @@ class BatchThreads:
                 done(result, error)
             except RuntimeError:  # the event loop is closed (the server stopped while the batch ran)
                 logger.debug("batch thread of api '%s': a batch ended after the event loop closed", self.name)
+            finished[index] += 1
             del job, fn, args, done, result, error  # nothing of a finished batch stays alive while the thread waits
 
     def close(self) -> None:
