@@ -324,10 +324,6 @@ class BatchThreads:
         self._threads: list[threading.Thread] = []
         #: ``threading.get_ident()`` of each started thread.
         self.idents: list[int] = []
-        #: Jobs submitted (by the event loop's thread only), and jobs finished by each thread (each slot
-        #: written by its thread only): `busy()` compares them without a lock.
-        self.submitted = 0
-        self._finished = [0] * count
 
     def start(self, warm: Callable[[], Any] | None = None) -> None:
         """Start the threads and wait until each has run `warm` (its exception is logged, not raised)."""
@@ -336,10 +332,7 @@ class BatchThreads:
         ready = threading.Barrier(self.count + 1)
         for index in range(self.count):
             thread = threading.Thread(
-                target=self._work,
-                args=(warm, ready, index),
-                name=f"modelserve-batch-{self.name}-{index}",
-                daemon=True,
+                target=self._work, args=(warm, ready), name=f"modelserve-batch-{self.name}-{index}", daemon=True
             )
             thread.start()
             self._threads.append(thread)
@@ -349,12 +342,7 @@ class BatchThreads:
         """Run ``fn(*args)`` on one of the threads, then ``done(result, None)`` or ``done(None, exception)``."""
         if not self._threads:
             self.start()
-        self.submitted += 1
         self._jobs.put((fn, args, done))
-
-    def busy(self) -> bool:
-        """Whether a job submitted is still queued or running (its `done` may have been called already)."""
-        return self.submitted != sum(self._finished)
 
     def run_here(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         """``fn(*args)`` on one of the threads, as an awaitable of the running loop (for async callers)."""
@@ -374,7 +362,7 @@ class BatchThreads:
         self.submit(fn, args, done)
         return future
 
-    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier, index: int) -> None:
+    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier) -> None:
         self.idents.append(threading.get_ident())
         if sys.platform == "linux":  # where PRIO_PROCESS with a thread's id sets that thread's nice value alone
             try:
@@ -394,7 +382,7 @@ class BatchThreads:
             logger.debug("batch thread of api '%s': warm-up failed (%r)", self.name, exc)
         finally:
             ready.wait()
-        jobs, finished = self._jobs, self._finished
+        jobs = self._jobs
         while True:
             job = jobs.get()
             if job is None:
@@ -409,7 +397,6 @@ class BatchThreads:
                 done(result, error)
             except RuntimeError:  # the event loop is closed (the server stopped while the batch ran)
                 logger.debug("batch thread of api '%s': a batch ended after the event loop closed", self.name)
-            finished[index] += 1
             del job, fn, args, done, result, error  # nothing of a finished batch stays alive while the thread waits
 
     def close(self) -> None:

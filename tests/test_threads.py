@@ -94,23 +94,3 @@ def test_batch_threads_yield_the_core_to_the_event_loop() -> None:
         assert os.getpriority(os.PRIO_PROCESS, 0) < expected or expected == 19
     finally:
         threads.close()
-
-
-def test_batch_threads_are_busy_from_a_submit_until_its_job_has_finished() -> None:
-    threads = _threads.BatchThreads("busy", 1)
-    threads.start()
-    try:
-        assert not threads.busy()
-        release, answered = threading.Event(), threading.Event()
-        threads.submit(release.wait, (10,), lambda result, error: answered.set())
-        threads.submit(lambda: None, (), lambda result, error: None)
-        assert threads.busy()  # the first job waits in the thread, the second in the queue
-        release.set()
-        assert answered.wait(10)
-        for _ in range(1000):  # the thread counts a job once its `done` has returned
-            if not threads.busy():
-                break
-            time.sleep(0.01)
-        assert not threads.busy()
-    finally:
-        threads.close()

@@ -266,10 +266,7 @@ class ModelFileBackend(Backend):
         if fused is not None and self.choice is not None:
             assert self.threads is not None
             step, run_all = fused
-            threads = self.threads
-            pipeline.run = self.choice.step(
-                step, pipeline.run, busy=partial(threads.run_here, run_all), occupied=threads.busy
-            )
+            pipeline.run = self.choice.step(step, pipeline.run, busy=partial(self.threads.run_here, run_all))
         return pipeline
 
     def _fused_pipeline(self, stages: list[Stage], tensors: bool) -> Pipeline:
