@@ -308,7 +308,9 @@ class BatchThreads:
     fresh thread of a shared pool. A small executor of its own rather than the process's pool: the model always
     runs on the same few threads (warm per-thread runtime state), and a job costs a queue put and one
     ``call_soon_threadsafe``, not a `concurrent.futures.Future` and a wrapped asyncio future. Daemon threads:
-    an idle one never holds up the process's exit; `close` lets them go.
+    an idle one never holds up the process's exit; `close` lets them go. `nice`: how far below the starting
+    thread's priority they run (`BATCH_THREAD_NICE` for batches; a batched API's thread for the requests it
+    serves unbatched keeps the loop's, ``nice=0``); `role` names them (``modelserve-<role>-<api>-<index>``).
 
     ::
 
@@ -317,13 +319,20 @@ class BatchThreads:
         threads.submit(run_batch, items, done)           # done(results, error) is called in the thread
     """
 
-    def __init__(self, name: str, count: int) -> None:
+    def __init__(self, name: str, count: int, nice: int = BATCH_THREAD_NICE, role: str = "batch") -> None:
         self.name = name
         self.count = count
+        #: How much higher than the starting thread's the threads set their nice value (0: the same).
+        self.nice = nice
+        self.role = role
         self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Done] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         #: ``threading.get_ident()`` of each started thread.
         self.idents: list[int] = []
+        #: Jobs submitted (by the event loop's thread only), and jobs finished by each thread (each slot
+        #: written by its thread only): `busy()` compares them without a lock.
+        self.submitted = 0
+        self._finished = [0] * count
 
     def start(self, warm: Callable[[], Any] | None = None) -> None:
         """Start the threads and wait until each has run `warm` (its exception is logged, not raised)."""
@@ -332,7 +341,10 @@ class BatchThreads:
         ready = threading.Barrier(self.count + 1)
         for index in range(self.count):
             thread = threading.Thread(
-                target=self._work, args=(warm, ready), name=f"modelserve-batch-{self.name}-{index}", daemon=True
+                target=self._work,
+                args=(warm, ready, index),
+                name=f"modelserve-{self.role}-{self.name}-{index}",
+                daemon=True,
             )
             thread.start()
             self._threads.append(thread)
@@ -342,7 +354,12 @@ class BatchThreads:
         """Run ``fn(*args)`` on one of the threads, then ``done(result, None)`` or ``done(None, exception)``."""
         if not self._threads:
             self.start()
+        self.submitted += 1
         self._jobs.put((fn, args, done))
+
+    def busy(self) -> bool:
+        """Whether a job submitted is still queued or running (its `done` may have been called already)."""
+        return self.submitted != sum(self._finished)
 
     def run_here(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
         """``fn(*args)`` on one of the threads, as an awaitable of the running loop (for async callers)."""
@@ -362,16 +379,14 @@ class BatchThreads:
         self.submit(fn, args, done)
         return future
 
-    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier) -> None:
+    def _work(self, warm: Callable[[], Any] | None, ready: threading.Barrier, index: int) -> None:
         self.idents.append(threading.get_ident())
-        if sys.platform == "linux":  # where PRIO_PROCESS with a thread's id sets that thread's nice value alone
+        if self.nice and sys.platform == "linux":  # where PRIO_PROCESS with a thread's id sets its nice value alone
             try:
                 # relative to the nice value the thread started with (the loop's): a server started at nice 10
                 # keeps its batch threads below its loop too, rather than raising them to BATCH_THREAD_NICE
                 native = threading.get_native_id()
-                os.setpriority(
-                    os.PRIO_PROCESS, native, min(os.getpriority(os.PRIO_PROCESS, native) + BATCH_THREAD_NICE, 19)
-                )
+                os.setpriority(os.PRIO_PROCESS, native, min(os.getpriority(os.PRIO_PROCESS, native) + self.nice, 19))
             except OSError as exc:  # a sandbox refusing it: the threads keep the process's priority
                 logger.debug("batch thread of api '%s': nice value not set (%s)", self.name, exc)
         devices.enter(self.name)  # modelserve.device() in the batched predict: this API's device
@@ -382,7 +397,7 @@ class BatchThreads:
             logger.debug("batch thread of api '%s': warm-up failed (%r)", self.name, exc)
         finally:
             ready.wait()
-        jobs = self._jobs
+        jobs, finished = self._jobs, self._finished
         while True:
             job = jobs.get()
             if job is None:
@@ -397,6 +412,7 @@ class BatchThreads:
                 done(result, error)
             except RuntimeError:  # the event loop is closed (the server stopped while the batch ran)
                 logger.debug("batch thread of api '%s': a batch ended after the event loop closed", self.name)
+            finished[index] += 1
             del job, fn, args, done, result, error  # nothing of a finished batch stays alive while the thread waits
 
     def close(self) -> None:

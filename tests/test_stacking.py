@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from modelserve._threads import Adaptive
+from modelserve.context import RequestContext
 from modelserve.stacking import UNBATCHED_BELOW_S, BatchChoice
 from tests.batch_models import doubler_onnx
 from tests.conftest import write_project
@@ -88,6 +89,31 @@ def test_the_step_counts_what_it_chose() -> None:
     run.seed(0.01)
     assert asyncio.run(awaited(step(1, None, None))) == "batched"
     assert (choice.unbatched_requests, choice.batched_requests) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("crowded", "occupied", "expected"),
+    [(False, False, "inline"), (True, False, "thread"), (False, True, "thread"), (True, True, "thread")],
+)
+def test_an_unbatched_request_goes_to_the_thread_when_crowded_or_the_thread_has_work(
+    crowded: bool, occupied: bool, expected: str
+) -> None:
+    choice = BatchChoice(measured("run", 20e-6), [])
+
+    async def unbatched(value: Any, request: Any, ctx: Any) -> str:
+        return "inline"
+
+    async def batched(value: Any, request: Any, ctx: Any) -> str:
+        return "batched"
+
+    async def busy(value: Any, request: Any, ctx: Any) -> str:
+        return "thread"
+
+    ctx = RequestContext("api", "id")
+    ctx.crowded = crowded
+    step = choice.step(unbatched, batched, busy=busy, occupied=lambda: occupied)
+    assert asyncio.run(awaited(step(1, None, ctx))) == expected
+    assert (choice.unbatched_requests, choice.batched_requests) == (1, 0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -94,3 +94,42 @@ def test_batch_threads_yield_the_core_to_the_event_loop() -> None:
         assert os.getpriority(os.PRIO_PROCESS, 0) < expected or expected == 19
     finally:
         threads.close()
+
+
+def test_batch_threads_are_busy_from_a_submit_until_its_job_has_finished() -> None:
+    threads = _threads.BatchThreads("busy", 1)
+    threads.start()
+    try:
+        assert not threads.busy()
+        release, answered = threading.Event(), threading.Event()
+        threads.submit(release.wait, (10,), lambda result, error: answered.set())
+        threads.submit(lambda: None, (), lambda result, error: None)
+        assert threads.busy()  # the first job waits in the thread, the second in the queue
+        release.set()
+        assert answered.wait(10)
+        for _ in range(1000):  # the thread counts a job once its `done` has returned
+            if not threads.busy():
+                break
+            time.sleep(0.01)
+        assert not threads.busy()
+    finally:
+        threads.close()
+
+
+def test_the_unbatched_thread_keeps_the_callers_priority_and_says_what_it_is() -> None:
+    threads = _threads.BatchThreads("api", 1, nice=0, role="unbatched")
+    threads.start()
+    try:
+        got: list[tuple[int, str]] = []
+        done = threading.Event()
+
+        def record(result: object, error: BaseException | None) -> None:
+            assert error is None
+            got.append(result)  # type: ignore[arg-type]
+            done.set()
+
+        threads.submit(lambda: (os.getpriority(os.PRIO_PROCESS, 0), threading.current_thread().name), (), record)
+        assert done.wait(10)
+        assert got == [(os.getpriority(os.PRIO_PROCESS, 0), "modelserve-unbatched-api-0")]
+    finally:
+        threads.close()

@@ -134,6 +134,9 @@ class ModelFileBackend(Backend):
     #: With `batching` configured: concurrent requests' feeds share model calls, on threads of the API's own.
     batcher: TensorBatcher | None = None
     threads: BatchThreads | None = None
+    #: With `batching` configured: the thread of the API's own that runs the requests served unbatched while the
+    #: server is busy, at the event loop's priority (the batch threads run below it).
+    unbatched_thread: BatchThreads | None = None
     #: Where the model runs in this process (`modelserve.devices`); the CPU until loaded.
     device: devices.Device = devices.CPU
     #: The types the hooks annotate (`modelserve.schema`): the body is validated into pre_inference's.
@@ -213,6 +216,8 @@ class ModelFileBackend(Backend):
             # per-thread state on a thread's first call.
             zeros = {spec.name: spec.example() for spec in self.model.inputs}
             await _threads.run_sync(partial(self.threads.start, warm=partial(self.model.run, zeros)))
+            if self.unbatched_thread is not None:
+                await _threads.run_sync(partial(self.unbatched_thread.start, warm=partial(self.model.run, zeros)))
 
     def _load_model(self) -> LoadedModel:
         adapter = runtimes.adapter(self.config.format)
@@ -266,7 +271,14 @@ class ModelFileBackend(Backend):
         if fused is not None and self.choice is not None:
             assert self.threads is not None
             step, run_all = fused
-            pipeline.run = self.choice.step(step, pipeline.run, busy=partial(self.threads.run_here, run_all))
+            threads, single = self.threads, self.unbatched_thread
+            assert single is not None
+            pipeline.run = self.choice.step(
+                step,
+                pipeline.run,
+                busy=partial(single.run_here, run_all),
+                occupied=lambda: threads.busy() or single.busy(),
+            )
         return pipeline
 
     def _fused_pipeline(self, stages: list[Stage], tensors: bool) -> Pipeline:
@@ -486,6 +498,11 @@ class ModelFileBackend(Backend):
         # per-thread state on a thread's first call).
         self.threads = BatchThreads(self.api.name, self.api.max_concurrency)
         alone.threads = stacked.threads = self.threads
+        # A request served unbatched while the server is busy runs in a thread of its own at the loop's nice
+        # value: in a batch thread (nice +5, so that a heavy model's batches find every request the loop read
+        # meanwhile) the loop preempted it at every request that came, once per request (the 3x256 MLP served
+        # 0.69-0.82x the requests at 16 and 64 connections, docs/batching.md).
+        self.unbatched_thread = BatchThreads(self.api.name, 1, nice=0, role="unbatched")
         sync_hooks = [self.adaptive[name] for name, hook in self.hooks.items() if not inspect.iscoroutinefunction(hook)]
         self.choice = BatchChoice(alone, sync_hooks)
 
@@ -539,6 +556,8 @@ class ModelFileBackend(Backend):
     async def close(self) -> None:
         if self.threads is not None:
             self.threads.close()
+        if self.unbatched_thread is not None:
+            self.unbatched_thread.close()
         if self.model is not None:
             self.model.close()
         await _threads.run_sync(self.children.stop)
