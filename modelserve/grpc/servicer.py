@@ -307,11 +307,15 @@ class InferenceServicer:
     # inference
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """`request`: the message, or the message and its size on the wire (`modelserve.grpc.server.sized`)."""
+        size = None
+        if type(request) is tuple:
+            request, size = request
         # With API keys on, the metadata is read once, for the key and the request id.
         metadata = _metadata(context) if self.keys is not None else None
         request_id = _request_id(request, context, metadata)
         try:
-            return await self._infer(request, context, request_id, metadata)
+            return await self._infer(request, context, request_id, metadata, size=size)
         except HTTPError as exc:
             await self._abort(context, exc, request_id)
 
@@ -319,10 +323,11 @@ class InferenceServicer:
         """Each request of the stream answered in turn; a request that fails is answered with its error and the
         stream goes on, as Triton does. A generating API (its predict yields) answers one response per chunk,
         as a Triton decoupled model does."""
-        async for request in requests:
+        async for message in requests:
+            request, size = message if type(message) is tuple else (message, None)
             request_id = sane_request_id(request.id or None)
             try:
-                answer = await self._infer(request, context, request_id, None, streaming=True)
+                answer = await self._infer(request, context, request_id, None, streaming=True, size=size)
             except HTTPError as exc:
                 yield self._stream_error(exc, request_id)
                 continue
@@ -363,10 +368,17 @@ class InferenceServicer:
             model.api.metrics.answered(status, perf_counter() - chunks.started)
 
     async def _infer(
-        self, request: Any, context: Any, request_id: str, metadata: dict[str, str] | None, streaming: bool = False
+        self,
+        request: Any,
+        context: Any,
+        request_id: str,
+        metadata: dict[str, str] | None,
+        streaming: bool = False,
+        size: int | None = None,
     ) -> Any:
         """The answer of one inference; with `streaming`, a generating API's `_Chunks` (whose end the caller
-        records in the metrics). `metadata`: the call's, when the caller has read it already."""
+        records in the metrics). `metadata`: the call's, when the caller has read it already; `size`: the
+        message's on the wire, when the deserializer gave it (else its ``ByteSize()``, which serializes it)."""
         started = perf_counter()
         model = self.model(request.model_name, request.model_version)
         api = model.api
@@ -376,7 +388,8 @@ class InferenceServicer:
         token = current.set(ctx)
         status = 200
         try:
-            size = request.ByteSize()
+            if size is None:
+                size = request.ByteSize()
             limit = api.config.max_body_size
             if size > limit:
                 raise PayloadTooLarge(f"the request of {size} bytes is larger than the limit of {limit} bytes")

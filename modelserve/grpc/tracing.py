@@ -142,7 +142,8 @@ class TracedCalls:
         async def traced(request: Any, context: Any) -> Any:
             span = self._start(method, context)
             if span.is_recording():
-                span.set_attribute("modelserve.api", request.model_name)
+                message = request[0] if type(request) is tuple else request  # (message, size): `server.sized`
+                span.set_attribute("modelserve.api", message.model_name)
             state = seam[1](span) if seam is not None else None
             token = otel_context.attach(trace.set_span_in_context(span))
             state_token = seam[0].set(state) if seam is not None else None

@@ -251,6 +251,20 @@ def test_bad_input_gets_a_status_naming_it(address: str, case: str) -> None:
     assert words in (error.value.details() or "")
 
 
+def test_the_size_limit_counts_the_message_s_own_bytes(address: str) -> None:
+    """`simple`'s max_body_size is 4096: a message of exactly that many bytes is read (and refused for its
+    second input's length, which is not 64 bytes), one of a byte more is refused for its size."""
+    grown = next(size for size in range(3900, 4096) if _raw("simple", "", (64, size)).ByteSize() == 4096)
+    at_limit, over = _raw("simple", "", (64, grown)), _raw("simple", "", (64, grown + 1))
+    assert over.ByteSize() == 4097
+    codes = []
+    for request in (at_limit, over):
+        with pytest.raises(grpc.RpcError) as error:
+            raw_call(address, "ModelInfer", request, service_pb2.ModelInferResponse)
+        codes.append((error.value.code().name, "INPUT1" in (error.value.details() or "")))
+    assert codes == [("INVALID_ARGUMENT", True), ("RESOURCE_EXHAUSTED", False)]
+
+
 # ------------------------------------------------------------------------------------------------
 # statistics, keys, deadlines
 
