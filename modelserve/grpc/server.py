@@ -53,6 +53,20 @@ def sized(parse: Callable[[bytes], Any]) -> Callable[[bytes], tuple[Any, int]]:
     return deserialize
 
 
+#: The methods whose answers may come as their message's bytes already (`written`).
+WRITTEN = frozenset({"ModelInfer"})
+
+
+def written(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """A response serializer that passes an answer given as bytes through: ModelInfer writes the usual answer's
+    bytes itself (`modelserve.grpc.codec.RawAnswer`), and answers a message otherwise."""
+
+    def serialize_or_pass(answer: Any) -> bytes:
+        return answer if type(answer) is bytes else serialize(answer)
+
+    return serialize_or_pass
+
+
 def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = None) -> grpc.GenericRpcHandler:
     """The service's methods that `servicer` implements, by the descriptor of the vendored proto; with `traced`
     (tracing on), those that run an API in their server spans."""
@@ -64,15 +78,14 @@ def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = 
             continue
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
         deserialize = sized(request.FromString) if method.name in SIZED else request.FromString
+        serialize = written(response.SerializeToString) if method.name in WRITTEN else response.SerializeToString
         if method.client_streaming:
             make = grpc.stream_stream_rpc_method_handler
         else:
             make = grpc.unary_unary_rpc_method_handler
         if traced is not None:
             function = traced.wrap(method.name, function, method.client_streaming)
-        methods[method.name] = make(
-            function, request_deserializer=deserialize, response_serializer=response.SerializeToString
-        )
+        methods[method.name] = make(function, request_deserializer=deserialize, response_serializer=serialize)
     return grpc.method_handlers_generic_handler(service.full_name, methods)
 
 

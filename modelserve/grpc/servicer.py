@@ -37,7 +37,7 @@ from modelserve.api import Stream
 from modelserve.context import RequestContext, current, sane_request_id
 from modelserve.errors import BadRequest, ClientDisconnected, HTTPError, LoadError, NotFound, PayloadTooLarge
 from modelserve.grpc._proto import grpc_service_pb2 as pb
-from modelserve.grpc.codec import RawPlan, decode_infer, encode_infer
+from modelserve.grpc.codec import RawAnswer, RawPlan, decode_infer, encode_infer
 from modelserve.http.auth import Access, ApiKeys
 from modelserve.http.errors import render
 from modelserve.http.v2 import EXTENSIONS, V2Model, V2Versions, served_versions, statistics
@@ -155,6 +155,8 @@ class InferenceServicer:
         self.max_message = max((api.config.max_body_size for api in server.all_apis()), default=1 << 20)
         #: The fast path of each model signature's usual request (None: the model has none), made on first use.
         self._plans: dict[Signature, RawPlan | None] = {}
+        #: The answer's bytes of each model (`ModelInfer`), made on first use.
+        self._writers: dict[V2Model, RawAnswer] = {}
 
     def names(self) -> list[str]:
         """The models served, by name."""
@@ -410,7 +412,12 @@ class InferenceServicer:
                     "one response per chunk"
                 )
             try:
-                return encode_infer(model.name, model.version, decoded, model.outputs(result, decoded))
+                outputs = model.outputs(result, decoded)
+                if not streaming:
+                    answer = self._writer(model).encode(decoded, outputs)
+                    if answer is not None:
+                        return answer
+                return encode_infer(model.name, model.version, decoded, outputs)
             except TypeError as exc:
                 raise model.not_encoded(ctx, exc) from None
         except asyncio.CancelledError:
@@ -427,6 +434,16 @@ class InferenceServicer:
             current.reset(token)
             if status:
                 api.metrics.answered(status, perf_counter() - started)
+
+    def _writer(self, model: V2Model) -> RawAnswer:
+        """The writer of `model`'s answers as bytes (the serializer passes them through: `server.written`)."""
+        writers = self._writers
+        writer = writers.get(model)
+        if writer is None:
+            if len(writers) >= 64:  # models replaced by repository loads: keep the table small
+                writers.clear()
+            writer = writers[model] = RawAnswer(model.name, model.version)
+        return writer
 
     def _decoded(self, model: V2Model, request: Any, size: int) -> InferRequest:
         """`request`'s inputs, checked against `model`'s signature: the usual request through the signature's

@@ -288,3 +288,34 @@ def test_plans_are_made_only_for_viewable_inputs(inputs: Any, planned: bool) -> 
     signature = Signature("python", tuple(TensorMeta(*tensor) for tensor in inputs), None)
     assert (RawPlan.of(signature) is not None) == planned
     assert RawPlan.of(Signature("python", None, None)) is None
+
+
+ANSWERS: dict[str, dict[str, np.ndarray]] = {
+    "one FP32 row": {"probabilities": np.array([[0.1, 0.2, 0.7]], np.float32)},
+    "two outputs, longer than 127 bytes": {"a": np.arange(64, dtype=np.int64).reshape(8, 8), "b": np.ones(3, np.uint8)},
+    "a scalar and an empty batch": {"s": np.array(2.5), "e": np.zeros((0, 16), np.int16)},
+    "a transposed view": {"t": np.arange(6, dtype=np.float16).reshape(2, 3).T},
+    "big-endian: the message": {"x": np.arange(3, dtype=">i4")},
+    "a BYTES output: the message": {"x": np.array([b"ab"], dtype=object)},
+}
+
+
+@pytest.mark.parametrize("case", list(ANSWERS))
+@pytest.mark.parametrize(("request_id", "wanted"), [(None, None), ("r-1", None), ("r-2", "first")])
+def test_the_written_answer_is_the_message_s_bytes(case: str, request_id: str | None, wanted: str | None) -> None:
+    from modelserve.grpc.codec import RawAnswer, encode_infer
+    from modelserve.grpc.server import written
+    from modelserve.v2 import InferRequest, V2Inputs
+
+    outputs = ANSWERS[case]
+    names: dict[str, bool | None] | None = None if wanted is None else {next(iter(outputs)): None}
+    request = InferRequest(request_id, V2Inputs(), names, True)
+    writer = RawAnswer("m" * 200, "12")  # a name whose length takes a varint of two bytes
+    written_bytes = writer.encode(request, outputs)
+    reference = encode_infer("m" * 200, "12", request, outputs)
+    serialize = written(type(reference).SerializeToString)
+    if case.endswith("the message"):
+        assert written_bytes is None  # encode_infer answers it
+        return
+    assert written_bytes == reference.SerializeToString() == serialize(written_bytes) == serialize(reference)
+    assert writer.encode(request, outputs) == written_bytes  # the descriptions kept from the first call
