@@ -250,7 +250,8 @@ def test_the_plan_decodes_as_the_general_path_does() -> None:
     assert plan is not None
     taken = 0
     requests = [ANSWERED[case]() for case in ANSWERED] + [request for request, _ in REFUSED.values()]
-    for request in requests:
+    # Twice: the second time the tensors' descriptions are those the plan has seen (`RawPlan.seen`).
+    for request in requests * 2:
         fast = plan.decode(request)
         try:
             general = decode_infer(request, signature.text, request.ByteSize())
@@ -267,7 +268,8 @@ def test_the_plan_decodes_as_the_general_path_does() -> None:
             reference = general.inputs[name]
             assert (array.dtype, array.shape, array.flags.writeable) == (reference.dtype, reference.shape, False)
             assert array.tolist() == reference.tolist()
-    assert taken == 3  # the usual request, another order, one row
+    assert taken == 6  # the usual request, another order, one row; twice each
+    assert plan.seen  # the descriptions were kept
 
 
 @pytest.mark.parametrize(
