@@ -142,6 +142,7 @@ import numpy as np
 import onnxruntime
 
 from modelserve.config import load_project_config
+from modelserve.grpc import server as server_module
 from modelserve.grpc._proto import grpc_service_pb2 as pb
 from modelserve.grpc.servicer import InferenceServicer
 from modelserve.server import ModelServer
@@ -168,7 +169,8 @@ async def main():
     request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     request.raw_input_contents.append(np.array([[5.1, 3.5, 1.4, 0.2]], np.float32).tobytes())
     context = Context()
-    sized = (request, request.ByteSize())  # what modelserve's deserializer hands over (`server.sized`)
+    # What the checkout's own request deserializer hands its servicer (`server.sized`).
+    sized = server_module.sized(pb.ModelInferRequest.FromString)(request.SerializeToString())
 
     async def ours():
         answer = await servicer.ModelInfer(sized, context)

@@ -126,6 +126,22 @@ def _from_raw(name: str, datatype: str, shape: list[int], data: bytes, count: in
     return np.frombuffer(data, dtype, count).reshape(shape)
 
 
+# The single-byte tags of ModelInferRequest's fields, each length-delimited: its number << 3 | 2.
+_MODEL_NAME, _MODEL_VERSION, _ID, _INPUTS, _RAW_INPUT = 0x0A, 0x12, 0x1A, 0x2A, 0x3A
+
+
+def _varint_at(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at `at` in `data`, and where the bytes after it begin."""
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
 class RawPlan:
     """The usual ``ModelInferRequest`` of one model's `Signature`, decoded and checked in one pass.
 
@@ -162,28 +178,54 @@ class RawPlan:
             expected[meta.name] = (meta.datatype, _VIEWED[meta.datatype], rank, fixed)
         return cls(expected) if len(expected) == len(inputs) else None
 
-    def decode(self, request: Any) -> InferRequest | None:
-        """`request`'s inputs viewed without a copy, or None where the general path must look. No bound on the
-        element count is needed: data of exactly a shape's bytes, none of them empty, is inside the message.
+    def decode(self, data: bytes) -> InferRequest | None:
+        """The inputs of the ``ModelInferRequest`` whose bytes on the wire are `data` (which gRPC has parsed
+        already: they are a well-formed message), viewed without a copy, or None where the general path must
+        look. No bound on the element count is needed: data of exactly a shape's bytes, none of them empty, is
+        inside the message.
 
-        An input tensor's description (its name, datatype, shape, and any parameters or contents) is checked
-        once per distinct description, kept by its serialized bytes (`seen`): a client sends the same few
-        descriptions call after call, and serializing one is cheaper than reading its fields through the
-        generated message (0.6 us against 3.0 us a tensor, measured in-process)."""
-        raw = request.raw_input_contents
-        tensors = request.inputs
+        The message's bytes are read here rather than through the generated message, whose accessors make an
+        object of each field read (decode 1.9 us against 4.0 us for iris, measured in-process): only its
+        name, version and id (read by the caller), its inputs' descriptions and their raw contents may be
+        there; any other field (parameters, requested outputs, a field this protocol does not have) leaves the
+        request to the general path. An input's description (its name, datatype, shape, and any parameters or
+        contents) is checked once per distinct description, kept by its bytes (`seen`): a client sends the same
+        few descriptions call after call."""
+        described: list[bytes] = []
+        raw: list[tuple[int, int]] = []
+        request_id = None
+        end = len(data)
+        at = 0
+        try:
+            while at < end:
+                tag = data[at]
+                length = data[at + 1]
+                at += 2
+                if length > 0x7F:
+                    length, at = _varint_at(data, at - 1)
+                following = at + length
+                if tag == _RAW_INPUT:
+                    raw.append((at, length))
+                elif tag == _INPUTS:
+                    described.append(data[at:following])
+                elif tag == _ID:
+                    request_id = data[at:following].decode() or None
+                elif tag != _MODEL_NAME and tag != _MODEL_VERSION:
+                    return None
+                at = following
+        except IndexError:  # not the message gRPC parsed: the general path says what is wrong
+            return None
         count = self.count
-        if len(raw) != count or len(tensors) != count or request.parameters or request.outputs:
+        if at != end or len(described) != count or len(raw) != count:
             return None
         seen = self.seen
         inputs = V2Inputs()
         inputs.parameters = {}
         for index in range(count):
-            tensor = tensors[index]
-            description = tensor.SerializeToString()
+            description = described[index]
             known = seen.get(description)
             if known is None:
-                known = self._described(tensor)
+                known = self._described(pb.ModelInferRequest.InferInputTensor.FromString(description))
                 if known is None:
                     return None
                 if len(description) <= 512:  # descriptions, not contents, are kept
@@ -191,13 +233,17 @@ class RawPlan:
                         seen.clear()
                     seen[description] = known
             name, dtype, shape, size = known
-            data = raw[index]
-            if len(data) != size or name in inputs:
+            start, length = raw[index]
+            if length != size or name in inputs:
                 return None
-            # A read-only view of exactly `data`, as `np.frombuffer(...).reshape(...)` makes, in one call (0.6 us
-            # against 1.3 us, measured in-process).
-            inputs[name] = np.ndarray(shape, dtype, data)
-        return InferRequest(request.id or None, inputs, None, True)
+            if start % dtype.alignment:
+                # A copy where a view would not be aligned for its dtype (a model runtime may refuse it).
+                inputs[name] = np.ndarray(shape, dtype, data[start : start + size])
+            else:
+                # A read-only view of the message's bytes, in one call (0.6 us against 1.3 us for
+                # `np.frombuffer(...).reshape(...)`, measured in-process).
+                inputs[name] = np.ndarray(shape, dtype, data, start)
+        return InferRequest(request_id, inputs, None, True)
 
     def _described(self, tensor: Any) -> tuple[str, np.dtype[Any], tuple[int, ...], int] | None:
         """An input tensor's name, dtype, shape and data's size in bytes, when it is one of the model's inputs

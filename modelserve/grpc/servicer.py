@@ -360,7 +360,7 @@ class InferenceServicer:
     async def ModelInfer(  # noqa: N802
         self, request: Any, context: Any, request_id: str | None = None, streaming: bool = False
     ) -> Any:
-        """One inference. `request`: the message, or the message and its size on the wire
+        """One inference. `request`: the message, or the message and its bytes on the wire
         (`modelserve.grpc.server.sized`; else its ``ByteSize()`` is counted, which serializes it).
 
         gRPC calls it with a request and its context: the answer is its message's bytes (`RawAnswer`) or the
@@ -368,9 +368,9 @@ class InferenceServicer:
         and `streaming`: the answer is the message, a generating API's call comes back as `_Chunks` (whose end
         the stream records in the metrics), and an error is raised (`HTTPError`). One coroutine for both, and
         none other between gRPC and `Api.call`: a coroutine more cost 1-2 us a call (measured in-process)."""
-        size = None
+        data = None
         if type(request) is tuple:
-            request, size = request
+            request, data = request
         metadata = None
         if request_id is None:
             # With API keys on, the metadata is read once, for the key and the request id.
@@ -388,14 +388,13 @@ class InferenceServicer:
             api = model.api
             ctx = RequestContext(api.name, request_id)
             token = current.set(ctx)
-            if size is None:
-                size = request.ByteSize()
+            size = request.ByteSize() if data is None else len(data)
             limit = api.config.max_body_size
             if size > limit:
                 raise PayloadTooLarge(f"the request of {size} bytes is larger than the limit of {limit} bytes")
             api.admit(size)
             try:
-                decoded = self._decoded(model, request, size)
+                decoded = self._decoded(model, request, size, data)
             except BaseException:
                 api.unadmit(size)
                 raise
@@ -462,10 +461,10 @@ class InferenceServicer:
             writer = writers[model] = RawAnswer(model.name, model.version)
         return writer
 
-    def _decoded(self, model: V2Model, request: Any, size: int) -> InferRequest:
+    def _decoded(self, model: V2Model, request: Any, size: int, data: bytes | None) -> InferRequest:
         """`request`'s inputs, checked against `model`'s signature: the usual request through the signature's
-        `RawPlan`, anything else (or anything wrong) through `decode_infer` and the check, which name the
-        problem."""
+        `RawPlan`, from `data`, its bytes on the wire (serialized here when a caller other than gRPC gave none),
+        anything else (or anything wrong) through `decode_infer` and the check, which name the problem."""
         signature = model.signature()
         plans = self._plans
         plan: RawPlan | None = plans.get(signature, _UNPLANNED)
@@ -474,7 +473,7 @@ class InferenceServicer:
                 plans.clear()
             plan = plans[signature] = RawPlan.of(signature)
         if plan is not None:
-            decoded = plan.decode(request)
+            decoded = plan.decode(request.SerializeToString() if data is None else data)
             if decoded is not None:
                 return decoded
         decoded = decode_infer(request, signature.text, size)

@@ -109,8 +109,16 @@ def with_parameters() -> Any:
     return request
 
 
+def with_an_unknown_field() -> Any:
+    request = simple()
+    request.MergeFromString(bytes((15 << 3, 1)))  # field 15 (none in the protocol), the varint 1
+    return request
+
+
 ANSWERED = {
     "the usual request": simple,
+    "an id": lambda: simple(id="abc"),
+    "a field the protocol does not have": with_an_unknown_field,
     "inputs in another order": reversed_inputs,
     "request parameters": with_parameters,
     "one row": lambda: simple(A[:1], B[:1]),
@@ -250,9 +258,11 @@ def test_the_plan_decodes_as_the_general_path_does() -> None:
     assert plan is not None
     taken = 0
     requests = [ANSWERED[case]() for case in ANSWERED] + [request for request, _ in REFUSED.values()]
-    # Twice: the second time the tensors' descriptions are those the plan has seen (`RawPlan.seen`).
-    for request in requests * 2:
-        fast = plan.decode(request)
+    # Twice: the second time the tensors' descriptions are those the plan has seen (`RawPlan.seen`). The model's
+    # name of 1 to 4 bytes moves the raw contents in the message: views where they are aligned, else copies.
+    for index, request in enumerate(requests * 2):
+        request.model_name = "s" * (1 + index % 4)
+        fast = plan.decode(request.SerializeToString())
         try:
             general = decode_infer(request, signature.text, request.ByteSize())
             signature.check(general)
@@ -267,8 +277,9 @@ def test_the_plan_decodes_as_the_general_path_does() -> None:
         for name, array in fast.inputs.items():
             reference = general.inputs[name]
             assert (array.dtype, array.shape, array.flags.writeable) == (reference.dtype, reference.shape, False)
+            assert array.flags.aligned
             assert array.tolist() == reference.tolist()
-    assert taken == 6  # the usual request, another order, one row; twice each
+    assert taken == 8  # the usual request, another order, one row, an id; twice each
     assert plan.seen  # the descriptions were kept
 
 
