@@ -22,9 +22,12 @@ take turns within a round); a ratio is the median of the ratios within a round. 
 ``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
 
 With ``--in-process``, no network: the servicer's ``ModelInfer`` called in a loop with a stand-in context (the
-same message each time), alternating round by round with the bare servicer's handler in the same process,
+same message each time, handed over as the checkout's own request deserializer hands it), each answer
+serialized as gRPC would (modelserve's may be its bytes already: `modelserve.grpc.codec.RawAnswer`),
+alternating round by round with the bare servicer's handler and its answer's serialization in the same process,
 each checkout (this one, and ``--before``'s) in a process of its own pinned to the server's CPU; ``us/call``
-is the median of the rounds, ``above bare`` modelserve's median cost above the bare handler's. A shared
+is the median of the rounds, ``above bare`` modelserve's median cost above the bare handler's and ``x bare``
+the median of its ratios to it within a round (which moves less with the machine's speed). A shared
 machine disturbs this far less than the network runs: decide with it, confirm over the network.
 
     python benchmarks/grpc_infer.py [--duration 2] [--repeats 3] [--concurrency 1,16,64] [--pin]
@@ -189,7 +192,8 @@ async def main():
                 await handler()
             times[name].append((time.perf_counter() - started) / calls * 1e6)
     above = statistics.median(a - b for a, b in zip(times["modelserve"], times["bare"]))
-    print(statistics.median(times["modelserve"]), statistics.median(times["bare"]), above)
+    ratio = statistics.median(a / b for a, b in zip(times["modelserve"], times["bare"]))
+    print(statistics.median(times["modelserve"]), statistics.median(times["bare"]), above, ratio)
     server.close()
 
 
@@ -327,7 +331,7 @@ def in_process(before: Path | None, rounds: int, pin: bool | None) -> None:
         script = root / "in_process.py"
         script.write_text(IN_PROCESS)
         print(f"iris in one process, {max(rounds, 5)} rounds of 3,000 calls each; us a call, median of rounds\n")
-        print(f"{'checkout':>12} {'us/call':>9} {'bare':>9} {'above bare':>11}")
+        print(f"{'checkout':>12} {'us/call':>9} {'bare':>9} {'above bare':>11} {'x bare':>7}")
         for name, checkout in checkouts.items():
             done = subprocess.run(
                 [*prefix, sys.executable, str(script), str(root / "model.onnx"), str(max(rounds, 5)), "3000"],
@@ -337,8 +341,8 @@ def in_process(before: Path | None, rounds: int, pin: bool | None) -> None:
                 env={"PYTHONPATH": str(checkout), "PATH": "/usr/bin:/bin"},
                 check=True,
             )
-            ours, bare, above = (float(value) for value in done.stdout.split())
-            print(f"{name:>12} {ours:>9.1f} {bare:>9.1f} {above:>11.1f}", flush=True)
+            ours, bare, above, ratio = (float(value) for value in done.stdout.split())
+            print(f"{name:>12} {ours:>9.1f} {bare:>9.1f} {above:>11.1f} {ratio:>6.2f}x", flush=True)
 
 
 def ratio(runs: list[tuple[float, float]], base: list[tuple[float, float]]) -> float:

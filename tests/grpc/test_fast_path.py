@@ -332,3 +332,16 @@ def test_the_written_answer_is_the_message_s_bytes(case: str, request_id: str | 
         return
     assert written_bytes == reference.SerializeToString() == serialize(written_bytes) == serialize(reference)
     assert writer.encode(request, outputs) == written_bytes  # the descriptions kept from the first call
+
+
+def test_new_request_ids_are_distinct_uuid4_hex() -> None:
+    import uuid
+
+    from modelserve.grpc.servicer import _counted_ids
+
+    new = _counted_ids()
+    ids = [new() for _ in range(1000)] + [_counted_ids()() for _ in range(10)]
+    assert len(set(ids)) == len(ids)
+    for given in ids:
+        assert re.fullmatch("[0-9a-f]{32}", given) and uuid.UUID(hex=given).version == 4, given
+        assert uuid.UUID(hex=given).variant == uuid.RFC_4122
