@@ -19,6 +19,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from modelserve._spans import STAGE, LiveSpan, readable
+
 #: OpenTelemetry's span kinds (the SDK's enum values, INTERNAL 0 ... CONSUMER 4) as OTLP numbers them.
 _KINDS = (1, 2, 3, 4, 5)
 #: ``SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`` and ``SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK``, as the SDK's encoder sets them.
@@ -35,6 +37,9 @@ _KEYS_KEPT = 4096
 _pairs: dict[tuple[str, str | int], bytes] = {}
 #: A span name's encoded ``Span.name`` field, made once per name (the first `_KEYS_KEPT` names).
 _names: dict[str, bytes] = {}
+#: A stage span's lead (its field's tag and length) and its ``Span.name`` and ``Span.kind`` fields with the
+#: start time's tag, by the stage's name and the length of the rest.
+_stages: dict[tuple[str, int], tuple[bytes, bytes]] = {}
 
 
 def _varint(value: int) -> bytes:
@@ -91,12 +96,17 @@ def _key_value(key: str, value: Any) -> bytes:
 
 
 def _key_value_made(key: str, value: Any) -> bytes:
+    return _key(key) + _field(0x12, _value(value))
+
+
+def _key(key: str) -> bytes:
+    """A ``KeyValue.key`` field."""
     encoded = _keys.get(key)
     if encoded is None:
         encoded = _field(0x0A, key.encode("utf-8"))
         if len(_keys) < _KEYS_KEPT:  # user code names keys too: the cache stays bounded
             _keys[key] = encoded
-    return encoded + _field(0x12, _value(value))
+    return encoded
 
 
 def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> bytes:
@@ -121,12 +131,7 @@ def _encode_span(span: Any) -> bytes:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
     name = span.name
     if name:
-        encoded = _names.get(name)
-        if encoded is None:
-            encoded = _field(0x2A, name.encode("utf-8"))
-            if len(_names) < _KEYS_KEPT:
-                _names[name] = encoded
-        parts.append(encoded)
+        parts.append(_name(name))
     parts += (b"\x30", _varint(_KINDS[span.kind.value]))
     if span.start_time:
         parts += (b"\x39", _FIXED64(span.start_time))
@@ -136,13 +141,7 @@ def _encode_span(span: Any) -> bytes:
     if span.dropped_attributes:
         parts += (b"\x50", _varint(span.dropped_attributes))
     for event in span.events:
-        body = b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b""
-        if event.name:
-            body += _field(0x12, event.name.encode("utf-8"))
-        body += _attributes(0x1A, event.attributes)
-        if event.dropped_attributes:
-            body += b"\x20" + _varint(event.dropped_attributes)
-        parts.append(_field(0x5A, body))
+        parts.append(_event(event))
     if span.dropped_events:
         parts += (b"\x60", _varint(span.dropped_events))
     for link in span.links:
@@ -154,21 +153,132 @@ def _encode_span(span: Any) -> bytes:
         parts.append(_field(0x6A, body + b"\x35" + _flags(linked)))
     if span.dropped_links:
         parts += (b"\x70", _varint(span.dropped_links))
-    status = span.status
+    parts += (_status(span.status), b"\x85\x01", _flags(parent))
+    return b"".join(parts)
+
+
+def _event(event: Any) -> bytes:
+    body = b"\x09" + _FIXED64(event.timestamp) if event.timestamp else b""
+    if event.name:
+        body += _field(0x12, event.name.encode("utf-8"))
+    body += _attributes(0x1A, event.attributes)
+    if event.dropped_attributes:
+        body += b"\x20" + _varint(event.dropped_attributes)
+    return _field(0x5A, body)
+
+
+def _status(status: Any) -> bytes:
     body = b""
     if status is not None:
         if status.description:
             body += _field(0x12, status.description.encode("utf-8"))
         if status.status_code.value:
             body += b"\x18" + _varint(status.status_code.value)
-    parts += (_field(0x7A, body), b"\x85\x01", _flags(parent))
+    return _field(0x7A, body)
+
+
+def _name(name: str) -> bytes:
+    """A ``Span.name`` field."""
+    encoded = _names.get(name)
+    if encoded is None:
+        encoded = _field(0x2A, name.encode("utf-8"))
+        if len(_names) < _KEYS_KEPT:
+            _names[name] = encoded
+    return encoded
+
+
+#: A stage span's kind (INTERNAL) and its start time's tag; and, after its end time, its status (unset) and
+#: its flags (a local parent).
+_STAGE_KIND = b"\x30\x01\x39"
+_STAGE_TAIL = b"\x7a\x00\x85\x01" + _FIXED32(_HAS_IS_REMOTE)
+_SERVER_KIND = b"\x30" + _varint(_KINDS[1])  # SpanKind.SERVER
+
+
+def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
+    """A `LiveSpan` and its stage spans, each as a ``ScopeSpans.spans`` field, appended to `out`."""
+    trace_id = b"\x0a\x10" + span.trace_id.to_bytes(16, "big")
+    span_id = span.span_id.to_bytes(8, "big")
+    state = span.trace_state
+    state_field = (
+        _field(0x1A, ",".join(f"{key}={value}" for key, value in state.items()).encode("utf-8")) if state else b""
+    )
+    parts = [trace_id, b"\x12\x08", span_id, state_field]
+    parent = span.parent
+    if parent is not None:
+        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+    parts += (_name(span.name), _SERVER_KIND, b"\x39", _FIXED64(span.start_time), b"\x41", _FIXED64(span.end_time))
+    head = span.head
+    if head is not None:
+        encoded = head.encoded
+        if encoded is None:
+            encoded = head.encoded = _attributes(0x4A, head.attributes)
+        parts.append(encoded)
+    parts.append(_set_since(span.attributes))
+    if span.dropped_attributes:
+        parts += (b"\x50", _varint(span.dropped_attributes))
+    for event in span.events:
+        parts.append(_event(event))
+    parts += (_status(span.status), b"\x85\x01", _flags(parent))
+    out.append(_field(0x12, b"".join(parts)))
+    if not span.stages:
+        return
+    # A stage span: its lead (tag and length) and name are made once per stage; per span only the ids and times.
+    middle = state_field + b"\x22\x08" + span_id
+    size = len(trace_id) + 10 + len(middle) + 17 + len(_STAGE_TAIL)
+    new_id = span.owner.span_id
+    for name, seconds, end in span.stages:
+        made = _stages.get((name, size))
+        if made is None:
+            named = _field(0x2A, (STAGE + name).encode("utf-8")) + _STAGE_KIND
+            made = (b"\x12" + _varint(size + len(named)), named)
+            if len(_stages) < _KEYS_KEPT:
+                _stages[(name, size)] = made
+        out.append(
+            b"".join(
+                (
+                    made[0],
+                    trace_id,
+                    b"\x12\x08",
+                    new_id().to_bytes(8, "big"),
+                    middle,
+                    made[1],
+                    _FIXED64(end - int(seconds * 1e9)),
+                    b"\x41",
+                    _FIXED64(end),
+                    _STAGE_TAIL,
+                )
+            )
+        )
+
+
+def _set_since(attributes: dict[str, Any]) -> bytes:
+    """A server span's attributes set since it began (the request id, durations, the status code...), each
+    as a ``Span.attributes`` field: a float's and a text's written directly, not kept in `_pairs` (most are
+    the request's own: ids, durations)."""
+    parts = []
+    for key, value in attributes.items():
+        kind = type(value)
+        if kind is float:
+            pair = _key(key) + b"\x12\x09\x21" + _DOUBLE(value)
+        elif kind is str:
+            pair = _key(key) + _field(0x12, _field(0x0A, value.encode("utf-8")))
+        else:
+            pair = _key_value(key, value)
+        parts.append(_field(0x4A, pair))
     return b"".join(parts)
 
 
 def encode(spans: Sequence[Any]) -> bytes:
-    """The ``ExportTraceServiceRequest`` of `spans` (the SDK's `ReadableSpan`s), grouped by resource and scope."""
+    """The ``ExportTraceServiceRequest`` of `spans` (the SDK's `ReadableSpan`s and modelserve's `LiveSpan`s,
+    each with its stages), grouped by resource and scope."""
     grouped: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for span in spans:
+        if type(span) is LiveSpan:
+            owner = span.owner
+            resource, scope = owner.resource, owner.scope
+            scopes = grouped.setdefault(id(resource), (resource, {}))[1]
+            _encode_live(span, scopes.setdefault(id(scope), (scope, []))[1])
+            continue
         resource, scope = span.resource, span.instrumentation_scope
         scopes = grouped.setdefault(id(resource), (resource, {}))[1]
         scopes.setdefault(id(scope), (scope, []))[1].append(_field(0x12, _encode_span(span)))
@@ -194,10 +304,20 @@ def encode(spans: Sequence[Any]) -> bytes:
 
 
 def same_as_sdk(spans: Sequence[Any]) -> bool:
-    """Whether `encode` and the SDK's encoder give the same message for `spans` (as protobuf parses them)."""
+    """Whether `encode` and the SDK's encoder give the same message for `spans` (as protobuf parses them; a
+    `LiveSpan` as the SDK's `ReadableSpan`s of it and its stages, their span ids aside: a stage's is made when
+    it is written)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     ours = ExportTraceServiceRequest()
     ours.ParseFromString(encode(spans))
-    return bool(ours == encode_spans(spans))
+    reference = encode_spans(readable(spans))
+    for message in (ours, reference):
+        for resource_spans in message.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                ends = {span.span_id for span in scope_spans.spans}
+                for span in scope_spans.spans:
+                    if span.parent_span_id in ends and span.kind == 1:  # a stage's id: made when written
+                        span.span_id = b"\x00" * 8
+    return bool(ours == reference)

@@ -58,6 +58,9 @@ try:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from modelserve import _spans
+    from modelserve._spans import Head, LiveSpan, ServerSpans
 except ImportError as exc:  # pragma: no cover - exercised by the install-hint test in a venv without it
     raise LoadError(
         f"tracing needs opentelemetry-sdk and its OTLP exporter ({exc.name} is missing). "
@@ -78,7 +81,7 @@ logger = logging.getLogger("modelserve")
 #: The instrumentation scope of every span modelserve makes.
 SCOPE = "modelserve"
 #: The request (or job) being traced in this context: what the wrappers below share about it.
-_traced: ContextVar[_Traced | None] = ContextVar("modelserve_traced", default=None)
+_traced: ContextVar[_Traced | LiveSpan | None] = ContextVar("modelserve_traced", default=None)
 _W3C = TraceContextTextMapPropagator()
 _lock = threading.Lock()
 _installed: Tracing | None = None
@@ -228,9 +231,10 @@ def _encoded_here(exporter: SpanExporter) -> SpanExporter:
     return exporter
 
 
-def _sample_spans() -> list[ReadableSpan]:
+def _sample_spans() -> list[ReadableSpan | LiveSpan]:
     """A server span of a remote parent with every kind of attribute value, an event, a link and an error
-    status, and a stage span below it: what `_encoded_here` checks `modelserve._otlp` on."""
+    status, and a stage span below it, as the SDK's spans and as modelserve's own (`LiveSpan`, of a remote
+    parent and of a new trace): what `_encoded_here` checks `modelserve._otlp` on."""
     remote = SpanContext(
         0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, TraceFlags(1), TraceState([("k", "v")])
     )
@@ -253,7 +257,22 @@ def _sample_spans() -> list[ReadableSpan]:
         instrumentation_scope=scope,
     )
     stage = SpanContext(remote.trace_id, 0x2222222222222222, False, TraceFlags(1), remote.trace_state)
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    # modelserve's own server span, with its stages (`modelserve._spans`), continuing the remote caller's trace
+    owner = ServerSpans(ALWAYS_ON, RandomIdGenerator(), resource, scope, lambda span: None, lambda: Head(attributes))
+    live = owner.start("POST /live", trace.set_span_in_context(trace.NonRecordingSpan(remote)))
+    live.record_exception(ValueError("bad"), {"modelserve.stage": "predict"})
+    live.set_status(Status(StatusCode.ERROR, "HTTP 500"))
+    live.stage("predict", 1e-8, live.start_time + 10)
+    live.end()
+    new = owner.start("GET /new", _NEW_TRACE)  # a new trace
+    new.stage("preprocess", 5e-9, new.start_time + 5)
+    new.end()
     return [
+        live,
+        new,
         server,
         ReadableSpan(
             "modelserve.stage.predict",
@@ -297,7 +316,10 @@ class _Batches(SpanProcessor):
         self.delay = _setting("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         #: How long the shutdown waits for the last export (a collector that never answers must not hold the exit).
         self.timeout = _setting("OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000
-        self.queue: deque[ReadableSpan] = deque()
+        #: Ended spans: the SDK's `ReadableSpan`s and modelserve's `LiveSpan`s (a server span with its stages).
+        self.queue: deque[Any] = deque()
+        #: How many spans the queue holds (a `LiveSpan` counts with its stages).
+        self.pending = 0
         #: Spans dropped so far: the queue full, or their batch failed to export.
         self.dropped = 0
         self._warned: set[str] = set()
@@ -308,6 +330,8 @@ class _Batches(SpanProcessor):
     def _start(self) -> None:
         """The export thread, and what it shares (new in a forked child: the parent's may be held there)."""
         self.queue.clear()
+        self.pending = 0
+        self._queueing = threading.Lock()
         self._counting = threading.Lock()
         self._exporting = threading.Lock()
         self._wake = threading.Event()
@@ -322,14 +346,19 @@ class _Batches(SpanProcessor):
         if context is not None and context.trace_flags.sampled:
             self.add(span)
 
-    def add(self, span: ReadableSpan) -> None:
+    def add(self, span: ReadableSpan | LiveSpan) -> None:
         """Queue an ended, sampled span for export (or count it dropped when the queue is full)."""
-        queue = self.queue
-        if len(queue) >= self.max_queue:
-            self._drop(1, "full")
-            return
-        queue.append(span)
-        if len(queue) >= self.batch and not self._wake.is_set():
+        size = len(span) if type(span) is LiveSpan else 1
+        with self._queueing:
+            if self.pending + size > self.max_queue:
+                full = None
+            else:
+                self.queue.append(span)
+                self.pending += size
+                full = self.pending >= self.batch
+        if full is None:
+            self._drop(size, "full")
+        elif full and not self._wake.is_set():
             self._wake.set()
 
     def _drop(self, count: int, why: str) -> None:
@@ -367,15 +396,23 @@ class _Batches(SpanProcessor):
         connection, four in ten samples of the process were the export thread's HTTP client.)"""
         queue = self.queue
         least = self.batch if full_only else 1
+        ours = isinstance(self.exporter, _EncodedHere)
         with self._exporting:
-            while len(queue) >= least:
-                batch = [queue.popleft() for _ in range(min(self.batch, len(queue)))]
-                try:
-                    result = self.exporter.export(batch)
+            while self.pending >= least:
+                batch: list[Any] = []
+                size = 0
+                with self._queueing:  # a batch of `self.batch` spans, or a server span's stages more
+                    while queue and size < self.batch:
+                        span = queue.popleft()
+                        batch.append(span)
+                        size += len(span) if type(span) is LiveSpan else 1
+                    self.pending -= size
+                try:  # another exporter than modelserve's own takes the SDK's spans only
+                    result = self.exporter.export(batch if ours else _spans.readable(batch))
                 except Exception:  # an exporter must not raise; one that does loses its batch, as a failure would
                     result = SpanExportResult.FAILURE
                 if result is not SpanExportResult.SUCCESS:
-                    self._drop(len(batch), "failed")
+                    self._drop(size, "failed")
 
     def shutdown(self) -> None:
         if self._stopped:
@@ -413,6 +450,15 @@ class Tracing:
         self._resource = provider.resource if isinstance(provider, TracerProvider) else None
         self._scope = InstrumentationScope(SCOPE, __version__)
         self._ids = getattr(self.tracer, "id_generator", None)
+        #: The server spans of modelserve's own provider, made without the SDK's span (`modelserve._spans`);
+        #: None with an embedding program's provider, whose tracer makes them.
+        self.spans: ServerSpans | None = None
+        sampler = getattr(self.tracer, "sampler", None)
+        if self._direct is not None and self._ids is not None and sampler is not None and self._resource is not None:
+            # the tracer's own scope, so that its spans and these are grouped as one in an export
+            scope = getattr(self.tracer, "_instrumentation_scope", None)
+            self._scope = scope if isinstance(scope, InstrumentationScope) else self._scope
+            self.spans = ServerSpans(sampler, self._ids, self._resource, self._scope, self._direct.add, _Heads())
 
     def _finished(self, name: str, parent: trace.Span, start: int, end: int) -> None:
         """A child of `parent` (a recording span) from `start` to `end` (ns since the epoch), ended already."""
@@ -464,7 +510,7 @@ class Tracing:
         (an API's call, a job's route) in its server span."""
         for route in table:
             route.handlers = {
-                method: _TracedRoute(handler, self, route.path)
+                method: (_TracedRoute if self.spans is None else _LiveRoute)(handler, self, route.path)
                 if getattr(handler, "writes_access_line", False)
                 else handler
                 for method, handler in route.handlers.items()
@@ -478,10 +524,14 @@ class Tracing:
 
         async def traced_call(value: Any, ctx: request_context.RequestContext, **options: Any) -> Any:
             traced = _traced.get()
-            if traced is not None:  # else a call that no route or job of ours traces (gRPC): no spans of ours
+            if type(traced) is LiveSpan:  # a route's own server span: it names the request id itself
+                traced.called = time.time_ns()
+                traced.request_id = ctx.request_id
+                span: trace.Span = traced
+            elif traced is not None:
                 traced.called, traced.staged = time.time_ns(), False
                 span = traced.span
-            else:
+            else:  # a call that no route or job of ours traces (gRPC): no spans of ours
                 span = trace.get_current_span()
             if traced is None or not traced.route:
                 span.set_attribute("modelserve.request_id", ctx.request_id)
@@ -510,6 +560,10 @@ class Tracing:
             if name == "job":  # a job's whole run, which its own span already covers
                 return
             traced = _traced.get()
+            if type(traced) is LiveSpan:  # a route's own server span: the stage is kept as it is (`_spans`)
+                if traced.recording and not traced.end_time:
+                    traced.stages.append((name, seconds, time.time_ns()))
+                return
             if traced is None or not traced.span.is_recording():  # nothing of ours traces it, or not sampled
                 return
             end = time.time_ns()
@@ -802,6 +856,75 @@ class _TracedRoute:
                 )
 
 
+class _LiveRoute(_TracedRoute):
+    """`_TracedRoute` with modelserve's own server span (`modelserve._spans.LiveSpan`): the same span, its
+    attributes, status, events and stages, at a fraction of the SDK span's cost (see that module)."""
+
+    def __init__(
+        self, handler: Callable[[Scope, Receive, Send], Awaitable[None]], tracing: Tracing, route: str
+    ) -> None:
+        super().__init__(handler, tracing, route)
+        assert tracing.spans is not None
+        self.spans = tracing.spans
+        #: The span's name for each method ("POST /iris"), made once.
+        self.names: dict[str, str] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        method = scope["method"]  # HEAD too, on a GET route
+        name = self.names.get(method)
+        if name is None:
+            name = self.names.setdefault(method, f"{method} {self.route}")
+        parent = _parent(scope)
+        span = self.spans.start(name, parent, scope, self.attributes, method)
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        traced_token = _traced.set(span)
+        status = 0
+
+        async def traced_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = message.get("headers", ())
+                if span.recording:
+                    if span.returned:  # the time from the result to the answer's first byte
+                        span.attributes["modelserve.encode.duration"] = (time.time_ns() - span.returned) / 1e9
+                    if span.request_id is None:  # refused before its call: the id its answer names
+                        for key, value in headers:
+                            if key == b"x-request-id":
+                                span.request_id = value.decode("latin-1")
+                # A new list (the headers may be a Response's own), in the message (made for this send)
+                if span.trace_state:
+                    state = span.trace_state.to_header().encode("latin-1")
+                    message["headers"] = [*headers, (b"traceparent", span.traceparent()), (b"tracestate", state)]
+                else:
+                    message["headers"] = [*headers, (b"traceparent", span.traceparent())]
+            await send(message)
+
+        try:
+            await self.handler(scope, receive, traced_send)
+        except BaseException as exc:
+            _record_error(span, exc)
+            raise
+        finally:
+            _traced.reset(traced_token)
+            otel_context.detach(token)
+            if span.recording:
+                attributes = span.attributes
+                if span.request_id is not None:
+                    attributes["modelserve.request_id"] = span.request_id
+                if status:
+                    attributes["http.response.status_code"] = status
+                    if status >= 400:
+                        attributes["error.type"] = str(status)
+                        span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+                span.end()
+                if self.latency is not None and span.sampled:
+                    from modelserve.metrics import set_exemplar
+
+                    set_exemplar(self.latency, time.perf_counter() - started, format(span.trace_id, "032x"))
+
+
 def _parent(scope: Scope) -> otel_context.Context:
     """The caller's context from a request's ``traceparent``, ``tracestate`` and ``baggage``; a new trace
     without them."""
@@ -812,6 +935,44 @@ def _parent(scope: Scope) -> otel_context.Context:
                 carrier = {}
             carrier[key.decode("latin-1")] = value.decode("latin-1")
     return propagate.extract(carrier) if carrier is not None else _NEW_TRACE
+
+
+class _Heads:
+    """A server span's first attributes (`_server_attributes`) as a `modelserve._spans.Head`, made once for
+    requests alike (route, method, path, query, scheme, HTTP version, server, client address, user agent) and
+    shared by their spans, so that they are made and encoded once (the first `_HEADS_KEPT` kinds of request)."""
+
+    def __init__(self) -> None:
+        self.made: dict[tuple[Any, ...], Head] = {}
+
+    def __call__(self, scope: Scope, common: dict[str, Any], method: str) -> Head:
+        agent = None
+        for key, value in scope["headers"]:
+            if key == b"user-agent":
+                agent = value
+                break
+        client = scope.get("client")
+        alike = (
+            id(common),  # a route's own, held by the route as long as it serves
+            method,
+            scope["path"],
+            scope.get("query_string"),
+            scope.get("scheme"),
+            scope.get("http_version"),
+            scope.get("server"),
+            client[0] if client else None,
+            agent,
+        )
+        head = self.made.get(alike)
+        if head is None:
+            head = Head(_server_attributes(scope, common, method))
+            if len(self.made) < _HEADS_KEPT:
+                self.made[alike] = head
+        return head
+
+
+#: How many kinds of request `_Heads` keeps the first attributes of.
+_HEADS_KEPT = 1024
 
 
 def _server_attributes(scope: Scope, common: dict[str, Any], method: str) -> dict[str, Any]:
