@@ -18,8 +18,8 @@ The gRPC client is a process of its own on the other CPU: `concurrency` coroutin
 the same binary body), whose client costs far less per request than a Python one: each column is what the
 server gives, and ``us/req`` beside it the server's CPU time per answered request (user + system of its
 process), which a busy machine disturbs less than req/s. Every cell is the median of the rounds (the targets
-take turns within a round); a ratio is the median of the ratios within a round. The target of issue 33:
-``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
+take turns within a round, in an order that rotates from round to round); a ratio is the median of the ratios
+within a round. The target of issue 33: ``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
 
 With ``--in-process``, no network: the servicer's ``ModelInfer`` called in a loop with a stand-in context (the
 same message each time, handed over as the checkout's own request deserializer hands it), each answer
@@ -300,8 +300,12 @@ def main() -> None:
             print(header)
             for level in levels:
                 rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-                for _ in range(args.repeats):
-                    for name, server in servers.items():
+                for index in range(args.repeats):
+                    # The targets take turns in a rotating order: none always runs right after the REST run on
+                    # modelserve's server, or right after another target, so neither ordering biases a ratio.
+                    order = [*servers.items()]
+                    order = order[index % len(order) :] + order[: index % len(order)]
+                    for name, server in order:
                         target = f"127.0.0.1:{ports[name]}"
                         rounds[name].append(load_grpc(client, server, target, level, args.duration, client_cpu))
                     run = measure(servers["grpc"], rest_url, script, level, args.duration, client_cpu)
