@@ -102,7 +102,7 @@ class LiveSpan(trace.Span):
         self.head = head
         self.attributes: dict[str, Any] = {}
         self.dropped_attributes = 0
-        self.events: list[Event] = []
+        self.events: Sequence[Event] = ()  # a list from the first event (most spans have none)
         self.status: Status | None = None
         #: Each stage span, ended: (the stage's name, its seconds, its end in ns since the epoch).
         self.stages: list[tuple[str, float, int]] = []
@@ -166,7 +166,11 @@ class LiveSpan(trace.Span):
         checked = BoundedAttributes(
             limits.max_event_attributes, attributes, max_value_len=limits.max_attribute_length, immutable=True
         )
-        self.events.append(Event(name, checked, timestamp if timestamp is not None else time.time_ns()))
+        event = Event(name, checked, timestamp if timestamp is not None else time.time_ns())
+        if type(self.events) is list:
+            self.events.append(event)
+        else:
+            self.events = [event]
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         return None  # links are given when a span starts; a server span starts before user code runs

@@ -868,6 +868,9 @@ class _LiveRoute(_TracedRoute):
         self.spans = tracing.spans
         #: The span's name for each method ("POST /iris"), made once.
         self.names: dict[str, str] = {}
+        from modelserve.metrics import Exemplars
+
+        self.exemplars = Exemplars(self.latency) if self.latency is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -919,10 +922,9 @@ class _LiveRoute(_TracedRoute):
                         attributes["error.type"] = str(status)
                         span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
                 span.end()
-                if self.latency is not None and span.sampled:
-                    from modelserve.metrics import set_exemplar
-
-                    set_exemplar(self.latency, time.perf_counter() - started, format(span.trace_id, "032x"))
+                if self.exemplars is not None and span.sampled:
+                    now = time.perf_counter()
+                    self.exemplars.offer(now - started, now, span.trace_id)
 
 
 def _parent(scope: Scope) -> otel_context.Context:
