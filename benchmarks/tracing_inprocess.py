@@ -58,8 +58,19 @@ scope = {
 statuses = []
 
 
-async def receive():
-    return {"type": "http.request", "body": body, "more_body": False}
+def receiver():
+    # A request's receive: its body, then nothing until the request is over, as a server's (a disconnect
+    # watch waits on it rather than spinning).
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+
+    return receive
 
 
 async def send(message):
@@ -77,13 +88,13 @@ def flush():
 async def main():
     await app.server.wait_loaded()
     for _ in range(300):
-        await app(dict(scope), receive, send)
+        await app(dict(scope), receiver(), send)
     flush()
     for _ in sys.stdin:
         statuses.clear()
         started = time.process_time()
         for _ in range(count):
-            await app(dict(scope), receive, send)
+            await app(dict(scope), receiver(), send)
         flush()
         spent = time.process_time() - started
         assert statuses == [200] * count, set(statuses)
