@@ -27,11 +27,12 @@ the other standard ``OTEL_*`` ones (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERV
 cannot be exported (the queue full, a bad endpoint, the collector down) never fails a request: it is dropped,
 counted in ``modelserve_spans_dropped_total`` and warned about once.
 
-What a traced request costs is measured by ``benchmarks/tracing_cost.py``; the Python SDK's span object costs
-~40 us to make and its OTLP encoder ~17-80 us a span on the 2-core machine, so a stage span, whose start and
-end are known when it is written, is made as a finished `ReadableSpan` (~4 us) handed to the processor
-(`Tracing._finished`), the queue wait and the encoding are attributes of the server span, not spans, and the
-OTLP/HTTP export encodes with `modelserve._otlp` (`_EncodedHere`, about half the SDK encoder's time).
+What a traced request costs is measured by ``benchmarks/tracing_cost.py`` and ``tracing_inprocess.py``. The
+Python SDK's span object costs ~40-50 us to make and its OTLP encoder ~17-80 us a span on the 2-core machine,
+so with modelserve's own provider a route's server span is `modelserve._spans.LiveSpan` (its stages kept as
+they are, written by `modelserve._otlp`), a stage span of any other span is made as a finished
+`ReadableSpan` (~4 us, `Tracing._finished`), the queue wait and the encoding are attributes of the server
+span, not spans, and the OTLP/HTTP export encodes with `modelserve._otlp` (`_EncodedHere`).
 """
 
 from __future__ import annotations
