@@ -377,7 +377,7 @@ def _dead(pids: Iterable[int]) -> list[int]:
 
 
 def has_exemplar_seam(child: Any) -> bool:
-    """Whether histogram `child` has the private buckets `set_exemplar` writes to (prometheus-client's own, in
+    """Whether histogram `child` has the private buckets `Exemplars` writes to (prometheus-client's own, in
     one process); checked once when tracing starts, which warns where it is not so."""
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
@@ -389,25 +389,15 @@ def has_exemplar_seam(child: Any) -> bool:
     )
 
 
-def set_exemplar(child: Any, seconds: float, trace_id: str) -> None:
-    """Mark the bucket of histogram `child` that `seconds` falls in with the trace of that request (an
-    OpenMetrics exemplar). The observation itself is counted as usual (`modelserve.api_metrics`); this sets
-    only the exemplar, on prometheus-client's private buckets, left alone where they are not as expected
-    (and without effect with several workers: prometheus-client keeps no exemplars in its multiprocess files)."""
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    if bounds is None or buckets is None or len(bounds) != len(buckets):
-        return
-    bucket = buckets[bisect_left(bounds, seconds)]
-    if hasattr(bucket, "set_exemplar"):
-        bucket.set_exemplar(Exemplar({"trace_id": trace_id}, seconds, time.time()))
-
-
 class Exemplars:
-    """The exemplars of histogram `child` (`set_exemplar`'s, made for every traced request of a route): at
-    most one per bucket every `every` seconds, the first in each bucket at once. A bucket keeps only its last
-    exemplar and a scrape comes every few seconds, so the ones in between were never seen; each costs a
-    traced request ~2-3 us (the trace id in hex, the `Exemplar`, the clock) on the 2-core machine."""
+    """The exemplars of histogram `child`, offered by every traced request of a route: the bucket its time
+    falls in is marked with its trace (an OpenMetrics exemplar) at most once every `every` seconds, the first in
+    each bucket at once. A bucket keeps only its last exemplar and a scrape comes every few seconds, so the ones
+    in between were never seen; each costs a traced request ~2-3 us (the trace id in hex, the `Exemplar`, the
+    clock) on the 2-core machine. The observation itself is counted as usual (`modelserve.api_metrics`); this
+    sets only the exemplar, on prometheus-client's private buckets, left alone where they are not as expected
+    (and without effect with several workers: prometheus-client keeps no exemplars in its multiprocess
+    files)."""
 
     __slots__ = ("bounds", "buckets", "due", "every")
 

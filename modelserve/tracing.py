@@ -798,6 +798,10 @@ class _TracedRoute:
         endpoint = getattr(handler, "__self__", None)
         api = getattr(endpoint, "api", None)
         self.latency = api.metrics.latency if api is not None else None
+        from modelserve.metrics import Exemplars
+
+        #: The exemplars of the API's latency histogram (one per bucket a second).
+        self.exemplars = Exemplars(self.latency) if self.latency is not None else None
         #: What every request of this route has in common, copied into each span's attributes.
         self.attributes: dict[str, Any] = {"http.route": route}
         if api is not None:
@@ -849,12 +853,10 @@ class _TracedRoute:
             _traced.reset(traced_token)
             otel_context.detach(token)
             _end_server_span(span, status, answered)
-            if self.latency is not None and span.get_span_context().trace_flags.sampled:
-                from modelserve.metrics import set_exemplar
-
-                set_exemplar(
-                    self.latency, time.perf_counter() - started, format(span.get_span_context().trace_id, "032x")
-                )
+            context = span.get_span_context()
+            if self.exemplars is not None and context.trace_flags.sampled:
+                now = time.perf_counter()
+                self.exemplars.offer(now - started, now, context.trace_id)
 
 
 class _LiveRoute(_TracedRoute):
@@ -869,9 +871,6 @@ class _LiveRoute(_TracedRoute):
         self.spans = tracing.spans
         #: The span's name for each method ("POST /iris"), made once.
         self.names: dict[str, str] = {}
-        from modelserve.metrics import Exemplars
-
-        self.exemplars = Exemplars(self.latency) if self.latency is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()

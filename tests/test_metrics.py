@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.values import MutexValue
 
 import modelserve
-from modelserve.metrics import Exemplars, _forget_dead_workers, has_exemplar_seam, set_exemplar
+from modelserve.metrics import Exemplars, _forget_dead_workers, has_exemplar_seam
 from tests.conftest import free_port, write_project
 
 pytestmark = pytest.mark.anyio
@@ -536,7 +536,7 @@ def test_an_exemplar_goes_to_the_bucket_of_its_value_and_is_left_out_without_the
     registry = CollectorRegistry()
     child = Histogram("latency_seconds", "test", ["api"], buckets=(0.1, 1.0), registry=registry).labels("a")
     assert has_exemplar_seam(child)
-    set_exemplar(child, 0.5, "ab" * 16)
+    Exemplars(child).offer(0.5, 1.0, int("ab" * 16, 16))
     exposition = openmetrics_exposition(registry).decode()
     assert 'latency_seconds_bucket{api="a",le="1.0"} 0.0 # {trace_id="' + "ab" * 16 + '"} 0.5' in exposition
 
@@ -545,7 +545,7 @@ def test_an_exemplar_goes_to_the_bucket_of_its_value_and_is_left_out_without_the
             pass
 
     assert not has_exemplar_seam(Elsewhere())
-    set_exemplar(Elsewhere(), 0.5, "ab" * 16)  # nothing to do, nothing raised
+    Exemplars(Elsewhere()).offer(0.5, 1.0, 1)  # nothing to do, nothing raised
 
 
 def test_a_route_s_exemplars_are_one_per_bucket_a_second_the_first_at_once() -> None:
@@ -563,9 +563,3 @@ def test_a_route_s_exemplars_are_one_per_bucket_a_second_the_first_at_once() -> 
     assert f'le="0.1"}} 0.0 # {{trace_id="{0xCD:032x}"}} 0.05' in shown()
     exemplars.offer(0.7, 101.0, 0xEF)  # a second later: it replaces the first
     assert f'le="1.0"}} 0.0 # {{trace_id="{0xEF:032x}"}} 0.7' in shown()
-
-    class Elsewhere:  # a histogram child of another shape: nothing to do, nothing raised
-        def observe(self, value: float) -> None:
-            pass
-
-    Exemplars(Elsewhere()).offer(0.5, 100.0, 0xAB)
