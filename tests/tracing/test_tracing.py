@@ -175,6 +175,7 @@ def test_a_refused_request_sets_the_span_status(server: Any, receiver: Receiver)
     span = server_span(receiver, answer.headers["traceparent"].split("-")[1], "/stages")
     assert span.status == 2
     assert span.attributes["http.response.status_code"] == 400
+    assert span.attributes["modelserve.request_id"] == answer.headers["x-request-id"]  # refused before its call
 
 
 def test_a_batch_is_one_span_linked_to_each_request(server: Any, receiver: Receiver) -> None:
