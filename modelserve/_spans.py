@@ -45,7 +45,11 @@ class LiveSpan(trace.Span):
     """A server span, live from the request's arrival to its answer; see the module's docstring.
 
     It is also what the wrappers of `modelserve.tracing` share about the request (``span``, ``called``,
-    ``staged``, ``returned``, ``route``: as `modelserve.tracing._Traced`)."""
+    ``returned``, ``route``: as `modelserve.tracing._Traced`)."""
+
+    #: Always a server span, and always a route's (which names its request id itself).
+    kind = SpanKind.SERVER
+    route = True
 
     __slots__ = (
         "name",
@@ -55,7 +59,6 @@ class LiveSpan(trace.Span):
         "sampled",
         "recording",
         "trace_state",
-        "kind",
         "start_time",
         "end_time",
         "head",
@@ -67,9 +70,7 @@ class LiveSpan(trace.Span):
         "owner",
         "_context",
         "called",
-        "staged",
         "returned",
-        "route",
         "request_id",
     )
 
@@ -94,7 +95,6 @@ class LiveSpan(trace.Span):
         self.sampled = sampled
         self.recording = recording
         self.trace_state = trace_state
-        self.kind = SpanKind.SERVER
         self.start_time = time.time_ns()
         self.end_time = 0
         #: The attributes it started with, shared with the spans of like requests (never changed), and the
@@ -108,9 +108,7 @@ class LiveSpan(trace.Span):
         self.stages: list[tuple[str, float, int]] = []
         self._context: SpanContext | None = None
         self.called = 0
-        self.staged = False
         self.returned = 0
-        self.route = True
         #: The request's id (`modelserve.tracing` sets it, and the attribute at the span's end).
         self.request_id: str | None = None
 
@@ -234,7 +232,7 @@ class LiveSpan(trace.Span):
 
     def stage(self, name: str, seconds: float, end: int) -> None:
         """A stage span below this one (``modelserve.stage.<name>``), `seconds` long to `end` (ns since the
-        epoch), ended already. (What `modelserve.tracing`'s stage timer appends to `stages` itself.)"""
+        epoch), ended already."""
         if self.recording and not self.end_time:
             self.stages.append((name, seconds, end))
 

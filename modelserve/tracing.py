@@ -525,7 +525,7 @@ class Tracing:
 
         async def traced_call(value: Any, ctx: request_context.RequestContext, **options: Any) -> Any:
             traced = _traced.get()
-            if type(traced) is LiveSpan:  # a route's own server span: it names the request id itself
+            if isinstance(traced, LiveSpan):  # a route's own server span: it names the request id itself
                 traced.called = time.time_ns()
                 traced.request_id = ctx.request_id
                 span: trace.Span = traced
@@ -561,9 +561,8 @@ class Tracing:
             if name == "job":  # a job's whole run, which its own span already covers
                 return
             traced = _traced.get()
-            if type(traced) is LiveSpan:  # a route's own server span: the stage is kept as it is (`_spans`)
-                if traced.recording and not traced.end_time:
-                    traced.stages.append((name, seconds, time.time_ns()))
+            if isinstance(traced, LiveSpan):  # a route's own server span: the stage is kept as it is (`_spans`)
+                traced.stage(name, seconds, time.time_ns())
                 return
             if traced is None or not traced.span.is_recording():  # nothing of ours traces it, or not sampled
                 return
