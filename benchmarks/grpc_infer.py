@@ -19,7 +19,9 @@ the same binary body), whose client costs far less per request than a Python one
 server gives, and ``us/req`` beside it the server's CPU time per answered request (user + system of its
 process), which a busy machine disturbs less than req/s. Every cell is the median of the rounds (the targets
 take turns within a round, in an order that rotates from round to round); a ratio is the median of the ratios
-within a round. The target of issue 33: ``grpc`` at least 0.9x ``bare`` at 1, 16 and 64 concurrent streams.
+within a round, and ``spread`` the lowest and highest of ``grpc``'s ratios to ``bare`` within a round (how far one
+round moves by itself on the machine). The target of issue 33: ``grpc`` at least 0.9x ``bare`` at 1, 16 and 64
+concurrent streams.
 
 With ``--in-process``, no network: the servicer's ``ModelInfer`` called in a loop with a stand-in context (the
 same message each time, handed over as the checkout's own request deserializer hands it), each answer
@@ -296,7 +298,8 @@ def main() -> None:
             print(f"iris, {args.duration:g} s x {args.repeats} rounds; req/s and server CPU us per request")
             print("(median of rounds); ratios: median of the ratios within a round\n")
             header = f"{'streams':>8}" + "".join(f" {name:>12} {'us/req':>7}" for name in names)
-            header += f" {'grpc/bare':>10}" + (f" {'grpc/before':>12}" if "grpc-before" in servers else "")
+            header += f" {'grpc/bare':>10} {'spread':>10}"
+            header += f" {'grpc/before':>12}" if "grpc-before" in servers else ""
             print(header)
             for level in levels:
                 rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
@@ -316,6 +319,8 @@ def main() -> None:
                     cpu = statistics.median(cpu for _, cpu in rounds[name])
                     line += f" {rps:>12.0f} {cpu:>7.0f}"
                 line += f" {ratio(rounds['grpc'], rounds['bare']):>9.2f}x"
+                low, high = spread(rounds["grpc"], rounds["bare"])
+                line += f" {low:>4.2f}-{high:.2f}"
                 if "grpc-before" in servers:
                     line += f" {ratio(rounds['grpc'], rounds['grpc-before']):>11.2f}x"
                 print(line, flush=True)
@@ -351,6 +356,12 @@ def in_process(before: Path | None, rounds: int, pin: bool | None) -> None:
 
 def ratio(runs: list[tuple[float, float]], base: list[tuple[float, float]]) -> float:
     return statistics.median(run[0] / other[0] for run, other in zip(runs, base, strict=True))
+
+
+def spread(runs: list[tuple[float, float]], base: list[tuple[float, float]]) -> tuple[float, float]:
+    """The lowest and the highest of the req/s ratios within a round."""
+    ratios = [run[0] / other[0] for run, other in zip(runs, base, strict=True)]
+    return min(ratios), max(ratios)
 
 
 if __name__ == "__main__":
