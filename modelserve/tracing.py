@@ -872,21 +872,29 @@ class _LiveRoute(_TracedRoute):
         self.names: dict[str, str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = time.perf_counter()
         method = scope["method"]  # HEAD too, on a GET route
         name = self.names.get(method)
         if name is None:
             name = self.names.setdefault(method, f"{method} {self.route}")
-        parent = _parent(scope)
-        span = self.spans.start(name, parent, scope, self.attributes, method)
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        # One pass over the headers for the caller's context and the user agent (`_parent` and `_Heads` each
+        # made one)
+        carrier = agent = None
+        for key, value in scope["headers"]:
+            if key == b"user-agent":
+                if agent is None:
+                    agent = value
+            elif key in _PROPAGATED:
+                if carrier is None:
+                    carrier = {}
+                carrier[key.decode("latin-1")] = value.decode("latin-1")
+        parent = propagate.extract(carrier) if carrier is not None else _NEW_TRACE
+        span = self.spans.start(name, parent, scope, self.attributes, method, agent)
+        token = otel_context.attach(span.in_context(parent))
         traced_token = _traced.set(span)
-        status = 0
 
         async def traced_send(message: Message) -> None:
-            nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
+                span.answered = message["status"]
                 headers = message.get("headers", ())
                 if span.recording:
                     if span.returned:  # the time from the result to the answer's first byte
@@ -915,15 +923,16 @@ class _LiveRoute(_TracedRoute):
                 attributes = span.attributes
                 if span.request_id is not None:
                     attributes["modelserve.request_id"] = span.request_id
+                status = span.answered
                 if status:
                     attributes["http.response.status_code"] = status
                     if status >= 400:
                         attributes["error.type"] = str(status)
                         span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
                 span.end()
-                if self.exemplars is not None and span.sampled:
-                    now = time.perf_counter()
-                    self.exemplars.offer(now - started, now, span.trace_id)
+                if self.exemplars is not None and span.sampled:  # the request's time from its span's own clock
+                    seconds = (span.end_time - span.start_time) / 1e9
+                    self.exemplars.offer(seconds, time.perf_counter(), span.trace_id)
 
 
 def _parent(scope: Scope) -> otel_context.Context:
@@ -946,12 +955,9 @@ class _Heads:
     def __init__(self) -> None:
         self.made: dict[tuple[Any, ...], Head] = {}
 
-    def __call__(self, scope: Scope, common: dict[str, Any], method: str) -> Head:
-        agent = None
-        for key, value in scope["headers"]:
-            if key == b"user-agent":
-                agent = value
-                break
+    def __call__(self, scope: Scope, common: dict[str, Any], method: str, agent: bytes | None) -> Head:
+        """The first attributes of a request to the route of `common`, with `method`, whose first
+        ``user-agent`` header is `agent` (found by the route in its one pass over the headers)."""
         client = scope.get("client")
         alike = (
             id(common),  # a route's own, held by the route as long as it serves
