@@ -114,6 +114,28 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
             return b"".join(chunks)
 
 
+#: The scope key of ``answering(status, request_id)``, set by whatever serves a request around its exchange
+#: (`modelserve.tracing`: the request's server span): called as the answer's status line is sent, it returns the
+#: headers to send with it (``traceparent``), so that no wrapped `send` is needed. The exchange
+#: (`exchange_route`) honours it on every answer it sends.
+ANSWERING = "modelserve.answering"
+#: ``answering(status, request_id)``: the headers to add to an answer (`ANSWERING`).
+Answering = Callable[[int, "str | None"], list[tuple[bytes, bytes]]]
+
+
+def with_answering(send: Send, answering: Answering, request_id: str | None) -> Send:
+    """`send` adding the headers of `answering` to the answer's start (for answers that send themselves: an
+    error, a stream, a user's Response)."""
+
+    async def send_answer(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            extra = answering(message["status"], request_id)
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return send_answer
+
+
 #: The scope key of the transport that calls back when the connection is lost (modelserve's own protocol, see
 #: `modelserve.http._protocol`): its ``subscribe(callback)`` returns what undoes it, or None once lost.
 LOST = "modelserve.lost"

@@ -68,6 +68,7 @@ from modelserve.codecs import Answer as Encoded
 from modelserve.context import RequestContext, current
 from modelserve.errors import EncodeError, ServiceUnavailable, StreamAborted, UserCodeError
 from modelserve.http._asgi import (
+    ANSWERING,
     ARRIVALS,
     ARRIVED,
     CLOSE,
@@ -78,6 +79,7 @@ from modelserve.http._asgi import (
     read_body,
     request_headers,
     send_body,
+    with_answering,
 )
 from modelserve.http.errors import send_error
 from modelserve.http.streaming import send_stream
@@ -120,6 +122,7 @@ def exchange_route() -> Callable[[Any, Scope, Receive, Send], Coroutine[Any, Any
     code = run.__code__.replace()
     route = types.FunctionType(code, run.__globals__, run.__name__, run.__defaults__, run.__closure__)
     route.__doc__ = run.__doc__
+    route.honours_answering = True  # type: ignore[attr-defined]  # every answer it sends: `ANSWERING`
     return writes_access_line(route)
 
 
@@ -183,6 +186,7 @@ class Exchange:
         ctx = RequestContext(self.name, head[0])
         token = current.set(ctx)
         api = self.api
+        answering = scope.get(ANSWERING)  # the headers a server span adds to the answer (`ANSWERING`), or None
         # One coroutine for the whole request, its error answers included: a frame less on every request.
         try:
             limit = api.config.max_body_size
@@ -256,19 +260,29 @@ class Exchange:
                 box, value = [value], None
                 _threads.submit(_release, box)
             if type(answer) is bytes:
-                await send_body(send, 200, answer, JSON_TYPE, ctx.request_id)
+                extra = None if answering is None else answering(200, ctx.request_id)
+                await send_body(send, 200, answer, JSON_TYPE, ctx.request_id, extra)
                 status = 200
             elif type(answer) is tuple:
-                await send_body(send, 200, answer[0], answer[1], ctx.request_id, answer[2])
+                extra = answer[2]
+                if answering is not None:
+                    extra = [*(extra or ()), *answering(200, ctx.request_id)]
+                await send_body(send, 200, answer[0], answer[1], ctx.request_id, extra)
                 status = 200
-            else:
+            elif answering is None:
                 status = await answer(scope, receive, send)
+            else:
+                status = await answer(scope, receive, with_answering(send, answering, ctx.request_id))
         except asyncio.CancelledError:
+            if answering is not None:
+                send = with_answering(send, answering, ctx.request_id)
             status = await self._stopped(send, ctx.request_id)
         except StreamAborted:
             raise  # the answer has begun: the server ends it without a clean end (logged once, in the stream)
         except Exception as exc:
             mark_refused(scope, exc)
+            if answering is not None:
+                send = with_answering(send, answering, ctx.request_id)
             status = await send_error(send, exc, ctx.request_id)
         finally:
             current.reset(token)

@@ -71,6 +71,18 @@ class Streams:
 class Echo:
     def predict(self, inputs):
         return dict(inputs)
+
+
+class Answers:
+    def predict(self, inputs):
+        from starlette.responses import PlainTextResponse
+
+        return PlainTextResponse("made by user code", status_code=201)
+
+
+class Queued:
+    async def handle_async(self, payload):
+        return {}
 """
 
 PROJECT = """
@@ -86,6 +98,11 @@ apis:
     handler: {path: model.py, class: Streams}
   - name: echo
     handler: {path: model.py, class: Echo}
+  - name: answers
+    handler: {path: model.py, class: Answers}
+  - name: queued
+    kind: async
+    handler: {path: model.py, class: Queued}
 """
 
 
@@ -176,6 +193,40 @@ def test_a_refused_request_sets_the_span_status(server: Any, receiver: Receiver)
     assert span.status == 2
     assert span.attributes["http.response.status_code"] == 400
     assert span.attributes["modelserve.request_id"] == answer.headers["x-request-id"]  # refused before its call
+
+
+def test_the_answer_carries_the_callers_tracestate(server: Any, receiver: Receiver) -> None:
+    headers, trace_id, parent_id = client_span()
+    answer = httpx.post(f"{server.url}/echo", json={}, headers={**headers, "tracestate": "vendor=abc,other=1"})
+    assert answer.status_code == 200
+    assert answer.headers["tracestate"] == "vendor=abc,other=1"
+    span = server_span(receiver, trace_id, "/echo")
+    assert answer.headers["traceparent"] == f"00-{trace_id}-{span.span_id}-01"
+    assert span.parent_id == parent_id
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "/answers",  # a user's own Response: an answer of the exchange that sends itself
+        "/queued",  # a job's submit: a route of its own around the exchange, its answer through a wrapped send
+    ],
+)
+def test_every_kind_of_answer_names_its_span(server: Any, receiver: Receiver, route: str) -> None:
+    answer = httpx.post(f"{server.url}{route}", json={})
+    assert answer.status_code == {"/answers": 201, "/queued": 200}[route], answer.text
+    trace_id, span_id = answer.headers["traceparent"].split("-")[1:3]
+    span = server_span(receiver, trace_id, route)
+    assert span.span_id == span_id
+    assert span.attributes["http.response.status_code"] == answer.status_code
+    assert span.attributes["modelserve.request_id"] == answer.headers["x-request-id"]
+
+
+def test_the_exchanges_answering_key_is_tracings() -> None:
+    from modelserve import tracing
+    from modelserve.http import _asgi
+
+    assert tracing._ANSWERING == _asgi.ANSWERING
 
 
 def test_a_batch_is_one_span_linked_to_each_request(server: Any, receiver: Receiver) -> None:
