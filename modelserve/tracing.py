@@ -349,7 +349,7 @@ class _Batches(SpanProcessor):
 
     def add(self, span: ReadableSpan | LiveSpan) -> None:
         """Queue an ended, sampled span for export (or count it dropped when the queue is full)."""
-        size = len(span) if type(span) is LiveSpan else 1
+        size = 1 + len(span.stages) if type(span) is LiveSpan else 1  # len(span), in line
         with self._queueing:
             if self.pending + size > self.max_queue:
                 full = None
@@ -525,11 +525,25 @@ class Tracing:
 
         async def traced_call(value: Any, ctx: request_context.RequestContext, **options: Any) -> Any:
             traced = _traced.get()
-            if isinstance(traced, LiveSpan):  # a route's own server span: it names the request id itself
-                traced.called = time.time_ns()
-                traced.request_id = ctx.request_id
-                span: trace.Span = traced
-            elif traced is not None:
+            if isinstance(traced, LiveSpan):  # a route's own server span (the usual case, so its steps are in line)
+                if traced.recording:  # what its end reads (a span that is not recorded reads nothing)
+                    traced.called = time.time_ns()
+                    traced.request_id = ctx.request_id
+                try:
+                    result = await call(value, ctx, **options)
+                except UserCodeError as exc:
+                    _record_user_error(traced, exc)
+                    raise
+                except HTTPError as exc:
+                    traced.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
+                    raise
+                if traced.recording:  # not sampled: no child of it is either
+                    if isinstance(result, Stream):
+                        _trace_stream(tracer, result)
+                    else:
+                        traced.returned = time.time_ns()
+                return result
+            if traced is not None:
                 traced.called, traced.staged = time.time_ns(), False
                 span = traced.span
             else:  # a call that no route or job of ours traces (gRPC): no spans of ours
@@ -562,7 +576,8 @@ class Tracing:
                 return
             traced = _traced.get()
             if isinstance(traced, LiveSpan):  # a route's own server span: the stage is kept as it is (`_spans`)
-                traced.stage(name, seconds, time.time_ns())
+                if traced.recording and not traced.end_time:  # `LiveSpan.stage`, in line (a call less a stage)
+                    traced.stages.append((name, seconds, time.time_ns()))
                 return
             if traced is None or not traced.span.is_recording():  # nothing of ours traces it, or not sampled
                 return
