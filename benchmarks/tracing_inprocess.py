@@ -11,7 +11,9 @@ parsing: the component, not the machine's network):
 * with ``--baseline DIR`` (a checkout, e.g. ``git worktree add /tmp/tracing-before HEAD``), the same three
   served by that checkout's modelserve: ``before-off``, ``before-on``, ``before-1%``.
 
-The targets take turns within a round (drift hits them alike); a cell is the median over the rounds.
+The targets take turns within a round, in an order that rotates from round to round (drift hits them alike); the
+times are medians over the rounds, the cost over off and the ratio to the baseline medians of the same within
+each round.
 
     python benchmarks/tracing_inprocess.py --baseline /tmp/tracing-before     # 2000 requests x 7 rounds
 """
@@ -144,8 +146,13 @@ def main() -> None:
                         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=root
                     )
             results: dict[str, list[float]] = {name: [] for name in children}
-            for _ in range(args.rounds):
-                for name, child in children.items():
+            order = list(children)
+            for turn in range(args.rounds):
+                # The order rotates from round to round: no target always runs right after the same one (this
+                # machine moves between two speeds, and a target's neighbour in time shares its speed most).
+                shift = turn % len(order)
+                for name in order[shift:] + order[:shift]:
+                    child = children[name]
                     assert child.stdin is not None and child.stdout is not None
                     child.stdin.write("go\n")
                     child.stdin.flush()
@@ -162,11 +169,18 @@ def main() -> None:
         f"pinned={'yes' if pin else 'no'}, python {sys.version.split()[0]}; "
         f"load average {started_load} before, {load_average()} after"
     )
-    print(f"{'target':<12}{'cpu us/request':>16}{'cost vs off':>14}")
+    # Within a round the targets ran minutes apart at most, at one of the machine's speeds: the cost over off and
+    # the ratio to the baseline are taken within each round, then their median (the columns of absolute times
+    # alone move with the machine by 10-40% between rounds).
+    print(f"{'target':<12}{'cpu us/request':>16}{'cost vs off':>14}{'/ before':>10}")
     for name, values in results.items():
-        base = statistics.median(results["before-off" if name.startswith("before-") else "off"])
-        value = statistics.median(values)
-        print(f"{name:<12}{value:>16.1f}{value - base:>14.1f}")
+        off_values = results["before-off" if name.startswith("before-") else "off"]
+        cost = statistics.median(value - base for value, base in zip(values, off_values, strict=True))
+        twin = "before-" + name.replace("on-1%", "1%")
+        ratio = ""
+        if not name.startswith("before-") and twin in results:
+            ratio = f"{statistics.median(v / b for v, b in zip(values, results[twin], strict=True)):.3f}x"
+        print(f"{name:<12}{statistics.median(values):>16.1f}{cost:>14.1f}{ratio:>10}")
 
 
 if __name__ == "__main__":
