@@ -112,6 +112,31 @@ def test_a_live_span_continues_its_caller_s_trace_and_names_itself_in_traceparen
     assert unsampled.traceparent().endswith(b"-00") and not unsampled.is_recording()
 
 
+@pytest.mark.parametrize("baggage", [False, True])
+def test_a_live_span_s_context_is_the_api_s(baggage: bool) -> None:
+    from opentelemetry import baggage as otel_baggage
+    from opentelemetry import context as otel_context
+
+    parent = otel_baggage.set_baggage("tenant", "a") if baggage else otel_context.Context()
+    span = owner().start("POST /iris", parent)
+    made = span.in_context(parent)
+    assert made == trace.set_span_in_context(span, parent)  # what the API's own call gives
+    assert trace.get_current_span(made) is span
+    assert otel_baggage.get_baggage("tenant", made) == ("a" if baggage else None)
+
+
+def test_the_answer_s_headers_tell_the_span_of_it() -> None:
+    caller = SpanContext(1, 2, True, TraceFlags(1), TraceState([("k", "v")]))
+    span = owner().start("POST /iris", trace.set_span_in_context(trace.NonRecordingSpan(caller)))
+    span.returned = span.start_time  # its call returned as it began
+    assert span.answering(503, "refused-1") == [(b"traceparent", span.traceparent()), (b"tracestate", b"k=v")]
+    assert span.answered == 503 and span.request_id == "refused-1"
+    assert span.attributes["modelserve.encode.duration"] >= 0
+    unsampled = owner(sdk_sampling.ALWAYS_OFF).start("POST /iris", tracing._NEW_TRACE)
+    assert unsampled.answering(200, "id") == [(b"traceparent", unsampled.traceparent())]
+    assert unsampled.request_id is None and not unsampled.attributes  # a span that records nothing learns nothing
+
+
 def test_user_code_sets_attributes_events_and_status_as_on_the_sdk_s_span(caplog: pytest.LogCaptureFixture) -> None:
     span = owner().start("POST /iris", tracing._NEW_TRACE)
     span.set_attribute("user.count", 3)
