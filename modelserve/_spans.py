@@ -385,7 +385,9 @@ class ServerSpans:
                 trace_id = random.getrandbits(128)
         else:
             trace_id = self.ids.generate_trace_id()
-        decided = self.decide(parent, trace_id)
+        decided = self.decide.new_trace if parent is None else None  # a call less for most requests (~0.35 us)
+        if decided is None:
+            decided = self.decide(parent, trace_id)
         if decided is not None:
             sampled = recording = decided
             state = parent.trace_state if parent is not None else None
@@ -422,6 +424,10 @@ class Sampling:
             fast = [_fast(one) for one in delegates]
             if all(one is not None for one in fast):
                 self.parented = tuple(fast)  # type: ignore[arg-type]
+        first = self.root if self.root is not None else (self.parented[0] if self.parented is not None else None)
+        #: The decision for a new trace (no caller's context) where it does not depend on the trace id
+        #: (``always_on``, ``parentbased_always_on``...), made once; None where it does, or is asked.
+        self.new_trace: bool | None = True if first is _always else False if first is _never else None
 
     def __call__(self, parent: SpanContext | None, trace_id: int) -> bool | None:
         if self.root is not None:

@@ -71,6 +71,8 @@ def test_the_standard_samplers_decide_as_the_sdk_s_own(name: str) -> None:
                 trace_id = parent.trace_id
             expected = sampler.should_sample(context, trace_id, "POST /iris").decision.is_sampled()
             assert decide(parent, trace_id) is expected, (name, parent, trace_id)
+            if parent is None and decide.new_trace is not None:  # made once: the same
+                assert decide.new_trace is expected, (name, trace_id)
 
 
 def test_a_sampler_of_another_kind_is_asked_itself() -> None:
@@ -88,7 +90,7 @@ def test_a_sampler_of_another_kind_is_asked_itself() -> None:
             return "EveryOther"
 
     sampler = EveryOther()
-    assert Sampling(sampler)(None, 5) is None
+    assert Sampling(sampler)(None, 5) is None and Sampling(sampler).new_trace is None
     spans = owner(sampler)
     first, second = spans.start("POST /iris", tracing._NEW_TRACE), spans.start("POST /iris", tracing._NEW_TRACE)
     assert sampler.asked == [("POST /iris", {"http.route": "/iris", "http.request.method": "POST"})] * 2
