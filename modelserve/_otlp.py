@@ -15,6 +15,7 @@ The message (opentelemetry-proto's ``trace/v1/trace.proto`` and ``common/v1/comm
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,8 +39,13 @@ _pairs: dict[tuple[str, str | int], bytes] = {}
 #: A span name's encoded ``Span.name`` field, made once per name (the first `_KEYS_KEPT` names).
 _names: dict[str, bytes] = {}
 #: A stage span's lead (its field's tag and length) and its ``Span.name`` and ``Span.kind`` fields with the
-#: start time's tag, by the stage's name and the length of the rest.
-_stages: dict[tuple[str, int], tuple[bytes, bytes]] = {}
+#: start time's tag, by the length of the rest (its ids, trace state and times) and the stage's name.
+_stages: dict[int, dict[str, tuple[bytes, bytes]]] = {}
+#: A resource's and a scope's encoded fields, by the object's id (with the object, held: they are immutable;
+#: the first `_HELD`, a process has one or a few).
+_HELD = 64
+_resources: dict[int, tuple[Any, bytes]] = {}
+_scopes: dict[int, tuple[Any, bytes]] = {}
 
 
 def _varint(value: int) -> bytes:
@@ -187,120 +193,243 @@ def _name(name: str) -> bytes:
     return encoded
 
 
-#: A stage span's kind (INTERNAL) and its start time's tag; and, after its end time, its status (unset) and
-#: its flags (a local parent).
+#: A span's ``trace_id`` and ``span_id`` fields (tags 0x0A10 and 0x1208, the ids big-endian: the trace id as
+#: its two halves) in one pack, with its ``parent_span_id`` field (0x2208) in `_IDS_PARENT`'s; a ``span_id``
+#: or ``parent_span_id`` field alone (its tag, the id) in `_ID`'s.
+_IDS = struct.Struct(">HQQHQ").pack
+_IDS_PARENT = struct.Struct(">HQQHQHQ").pack
+_ID = struct.Struct(">HQ").pack
+_HALF = 0xFFFFFFFFFFFFFFFF
+#: A server span's ``kind`` field (SERVER: 0x30 0x02, little-endian 0x0230) and its times' fields.
+_SERVER_TIMES = struct.Struct("<HBQBQ").pack
+#: A stage span's start time, its end time's tag and time, and its last fields: status (unset) and flags (a
+#: local parent), 8 bytes written as one little-endian fixed64.
+_STAGE_TIMES = struct.Struct("<QBQQ").pack
+_STAGE_TAIL = int.from_bytes(b"\x7a\x00\x85\x01" + _FIXED32(_HAS_IS_REMOTE), "little")
+#: A stage span's kind (INTERNAL) and its start time's tag, after its name.
 _STAGE_KIND = b"\x30\x01\x39"
-_STAGE_TAIL = b"\x7a\x00\x85\x01" + _FIXED32(_HAS_IS_REMOTE)
-_SERVER_KIND = b"\x30" + _varint(_KINDS[1])  # SpanKind.SERVER
+#: A server span's last fields when its status is unset: status, and flags (a local or remote parent).
+_UNSET_TAILS = {
+    False: b"\x7a\x00\x85\x01" + _FIXED32(_HAS_IS_REMOTE),
+    True: b"\x7a\x00\x85\x01" + _FIXED32(_HAS_IS_REMOTE | _IS_REMOTE),
+}
+#: A float attribute's ``Span.attributes`` field up to its value, by key (a duration: the value is the request's).
+_floats: dict[str, bytes] = {}
+#: A text attribute's ``Span.attributes`` field up to the text's bytes, by key and the text's length in bytes
+#: (the request id: 32 characters, new on every request).
+_texts: dict[tuple[str, int], bytes] = {}
+#: An int attribute's whole ``Span.attributes`` field, by key and value (the status code).
+_ints: dict[tuple[str, int], bytes] = {}
+
+
+def _lead(tag: int, size: int) -> bytes:
+    """A length-delimited field's tag (one byte) and its length."""
+    if size < 0x80:
+        return bytes((tag, size))
+    return bytes((tag,)) + _varint(size)
+
+
+def _float_head(key: str) -> bytes:
+    encoded = _key(key)
+    head = _lead(0x4A, len(encoded) + 11) + encoded + b"\x12\x09\x21"
+    if len(_floats) < _KEYS_KEPT:
+        _floats[key] = head
+    return head
+
+
+def _text_head(key: str, size: int) -> bytes:
+    encoded = _key(key)
+    value = _lead(0x0A, size)
+    any_value = _lead(0x12, len(value) + size)
+    head = _lead(0x4A, len(encoded) + len(any_value) + len(value) + size) + encoded + any_value + value
+    if len(_texts) < _KEYS_KEPT:  # a key with texts of every length must not grow it without bound
+        _texts[(key, size)] = head
+    return head
+
+
+def _int_field(key: str, value: int) -> bytes:
+    field = _field(0x4A, _key_value_made(key, value))
+    if len(_ints) < _KEYS_KEPT:
+        _ints[(key, value)] = field
+    return field
 
 
 def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
-    """A `LiveSpan` and its stage spans, each as a ``ScopeSpans.spans`` field, appended to `out`."""
-    trace_id = b"\x0a\x10" + span.trace_id.to_bytes(16, "big")
-    span_id = span.span_id.to_bytes(8, "big")
-    state = span.trace_state
-    state_field = (
-        _field(0x1A, ",".join(f"{key}={value}" for key, value in state.items()).encode("utf-8")) if state else b""
-    )
-    parts = [trace_id, b"\x12\x08", span_id, state_field]
+    """A `LiveSpan` and its stage spans, each as a ``ScopeSpans.spans`` field, appended to `out`.
+
+    The fields of one server span's shape are written by one pack each (ids, kind and times), its first
+    attributes' bytes are the `Head`'s, made once, and each attribute set since is a prefix made once per key
+    (and text length) and the value's own bytes; a stage span is its name's parts, made once, around its id
+    and times."""
+    trace_id = span.trace_id
+    high, low = trace_id >> 64, trace_id & _HALF
+    span_id = span.span_id
     parent = span.parent
-    if parent is not None:
-        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    parts += (_name(span.name), _SERVER_KIND, b"\x39", _FIXED64(span.start_time), b"\x41", _FIXED64(span.end_time))
+    state = span.trace_state
+    if state:
+        state_field = _field(0x1A, ",".join(f"{key}={value}" for key, value in state.items()).encode("utf-8"))
+        parts = [_IDS(0x0A10, high, low, 0x1208, span_id), state_field]
+        if parent is not None:
+            parts.append(_ID(0x2208, parent.span_id))
+    elif parent is not None:
+        parts = [_IDS_PARENT(0x0A10, high, low, 0x1208, span_id, 0x2208, parent.span_id)]
+    else:
+        parts = [_IDS(0x0A10, high, low, 0x1208, span_id)]
+    named = _names.get(span.name)
+    parts += (
+        named if named is not None else _name(span.name),
+        _SERVER_TIMES(0x0230, 0x39, span.start_time, 0x41, span.end_time),
+    )
     head = span.head
     if head is not None:
         encoded = head.encoded
         if encoded is None:
             encoded = head.encoded = _attributes(0x4A, head.attributes)
         parts.append(encoded)
-    parts.append(_set_since(span.attributes))
+    for key, value in span.attributes.items():
+        kind = type(value)
+        if kind is float:
+            prefix = _floats.get(key)
+            parts += (prefix if prefix is not None else _float_head(key), _DOUBLE(value))
+        elif kind is str:
+            data = value.encode()
+            prefix = _texts.get((key, len(data)))
+            parts += (prefix if prefix is not None else _text_head(key, len(data)), data)
+        elif kind is int:
+            field = _ints.get((key, value))
+            parts.append(field if field is not None else _int_field(key, value))
+        else:
+            parts.append(_field(0x4A, _key_value(key, value)))
     if span.dropped_attributes:
         parts += (b"\x50", _varint(span.dropped_attributes))
     for event in span.events:
         parts.append(_event(event))
-    parts += (_status(span.status), b"\x85\x01", _flags(parent))
-    out.append(_field(0x12, b"".join(parts)))
-    if not span.stages:
+    status = span.status
+    if status is None:
+        parts.append(_UNSET_TAILS[parent is not None and parent.is_remote])
+    else:
+        parts += (_status(status), b"\x85\x01", _flags(parent))
+    body = b"".join(parts)
+    size = len(body)
+    if size < 0x80:
+        out += (bytes((0x12, size)), body)
+    elif size < 0x4000:
+        out += (bytes((0x12, size & 0x7F | 0x80, size >> 7)), body)
+    else:
+        out += (b"\x12", _varint(size), body)
+    stages = span.stages
+    if not stages:
         return
-    # A stage span: its lead (tag and length) and name are made once per stage; per span only the ids and times.
-    middle = state_field + b"\x22\x08" + span_id
-    size = len(trace_id) + 10 + len(middle) + 17 + len(_STAGE_TAIL)
-    new_id = span.owner.span_id
-    for name, seconds, end in span.stages:
-        made = _stages.get((name, size))
+    # A stage span: its lead (tag and length) and its name's fields are made once per stage and size, its ids
+    # (the stage's own, the server span's as its parent) are one pack, its times and last fields another.
+    size = 38 + len(state_field) + 25 if state else 63
+    made_once = _stages.get(size)
+    if made_once is None:
+        made_once = {}
+        if len(_stages) < _KEYS_KEPT:  # a few sizes: one a trace state's length
+            _stages[size] = made_once
+    owner = span.owner
+    new_id = owner.span_id
+    bits = random.getrandbits if owner.random_ids else None
+    for name, seconds, end in stages:
+        made = made_once.get(name)
         if made is None:
-            named = _field(0x2A, (STAGE + name).encode("utf-8")) + _STAGE_KIND
-            made = (b"\x12" + _varint(size + len(named)), named)
-            if len(_stages) < _KEYS_KEPT:
-                _stages[(name, size)] = made
-        out.append(
-            b"".join(
-                (
-                    made[0],
-                    trace_id,
-                    b"\x12\x08",
-                    new_id().to_bytes(8, "big"),
-                    middle,
-                    made[1],
-                    _FIXED64(end - int(seconds * 1e9)),
-                    b"\x41",
-                    _FIXED64(end),
-                    _STAGE_TAIL,
-                )
+            made = _stage(made_once, name, size)
+        stage_id = bits(64) if bits is not None else 0
+        if not stage_id:  # ids of the provider's own generator, or one chance in 2**64
+            stage_id = new_id()
+        if state:
+            out += (
+                made[0],
+                _IDS(0x0A10, high, low, 0x1208, stage_id),
+                state_field,
+                _ID(0x2208, span_id),
+                made[1],
+                _STAGE_TIMES(end - int(seconds * 1e9), 0x41, end, _STAGE_TAIL),
             )
-        )
-
-
-def _set_since(attributes: dict[str, Any]) -> bytes:
-    """A server span's attributes set since it began (the request id, durations, the status code...), each
-    as a ``Span.attributes`` field: a float's and a text's written directly, not kept in `_pairs` (most are
-    the request's own: ids, durations)."""
-    parts = []
-    for key, value in attributes.items():
-        kind = type(value)
-        if kind is float:
-            pair = _key(key) + b"\x12\x09\x21" + _DOUBLE(value)
-        elif kind is str:
-            pair = _key(key) + _field(0x12, _field(0x0A, value.encode("utf-8")))
         else:
-            pair = _key_value(key, value)
-        parts.append(_field(0x4A, pair))
-    return b"".join(parts)
+            out += (
+                made[0],
+                _IDS_PARENT(0x0A10, high, low, 0x1208, stage_id, 0x2208, span_id),
+                made[1],
+                _STAGE_TIMES(end - int(seconds * 1e9), 0x41, end, _STAGE_TAIL),
+            )
+
+
+def _stage(made_once: dict[str, tuple[bytes, bytes]], name: str, size: int) -> tuple[bytes, bytes]:
+    """A stage span's lead (its field's tag and length) and its name's and kind's fields with its start time's
+    tag, where the rest of it is `size` bytes."""
+    named = _field(0x2A, (STAGE + name).encode("utf-8")) + _STAGE_KIND
+    made = (_lead(0x12, size + len(named)), named)
+    if len(made_once) < _KEYS_KEPT:
+        made_once[name] = made
+    return made
 
 
 def encode(spans: Sequence[Any]) -> bytes:
     """The ``ExportTraceServiceRequest`` of `spans` (the SDK's `ReadableSpan`s and modelserve's `LiveSpan`s,
     each with its stages), grouped by resource and scope."""
     grouped: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
+    owner: Any = None
+    live: list[bytes] = []
     for span in spans:
         if type(span) is LiveSpan:
-            owner = span.owner
-            resource, scope = owner.resource, owner.scope
-            scopes = grouped.setdefault(id(resource), (resource, {}))[1]
-            _encode_live(span, scopes.setdefault(id(scope), (scope, []))[1])
+            if span.owner is not owner:  # the spans of a batch are most often all of one provider's
+                owner = span.owner
+                resource, scope = owner.resource, owner.scope
+                scopes = grouped.setdefault(id(resource), (resource, {}))[1]
+                live = scopes.setdefault(id(scope), (scope, []))[1]
+            _encode_live(span, live)
             continue
         resource, scope = span.resource, span.instrumentation_scope
         scopes = grouped.setdefault(id(resource), (resource, {}))[1]
         scopes.setdefault(id(scope), (scope, []))[1].append(_field(0x12, _encode_span(span)))
-    out = []
+    # Each message around the spans is its lead and its own fields, sized from its parts': the spans' bytes
+    # are copied once, by the one join.
+    out: list[bytes] = []
     for resource, scopes in grouped.values():
-        body = [_field(0x0A, _attributes(0x0A, resource.attributes if resource is not None else None))]
+        at = len(out)
+        out.append(_resource(resource))
         for scope, encoded in scopes.values():
-            head = b""
-            if scope is not None:
-                if scope.name:
-                    head += _field(0x0A, scope.name.encode("utf-8"))
-                if scope.version:
-                    head += _field(0x12, scope.version.encode("utf-8"))
-                head += _attributes(0x1A, scope.attributes)
-            scope_spans = _field(0x0A, head) + b"".join(encoded)
+            scoped = len(out)
+            out.append(_scope(scope))
+            out += encoded
             if scope is not None and scope.schema_url:
-                scope_spans += _field(0x1A, scope.schema_url.encode("utf-8"))
-            body.append(_field(0x12, scope_spans))
+                out.append(_field(0x1A, scope.schema_url.encode("utf-8")))
+            out.insert(scoped, _lead(0x12, sum(map(len, out[scoped:]))))
         if resource is not None and resource.schema_url:
-            body.append(_field(0x1A, resource.schema_url.encode("utf-8")))
-        out.append(_field(0x0A, b"".join(body)))
+            out.append(_field(0x1A, resource.schema_url.encode("utf-8")))
+        out.insert(at, _lead(0x0A, sum(map(len, out[at:]))))
     return b"".join(out)
+
+
+def _resource(resource: Any) -> bytes:
+    """A ``ResourceSpans.resource`` field (made once for the first `_KEYS_KEPT` resources: immutable)."""
+    made = _resources.get(id(resource))
+    if made is not None and made[0] is resource:
+        return made[1]
+    encoded = _field(0x0A, _attributes(0x0A, resource.attributes if resource is not None else None))
+    if len(_resources) < _HELD:
+        _resources[id(resource)] = (resource, encoded)  # held: its id is not another's while it is here
+    return encoded
+
+
+def _scope(scope: Any) -> bytes:
+    """A ``ScopeSpans.scope`` field (made once for the first `_KEYS_KEPT` scopes: immutable)."""
+    made = _scopes.get(id(scope))
+    if made is not None and made[0] is scope:
+        return made[1]
+    head = b""
+    if scope is not None:
+        if scope.name:
+            head += _field(0x0A, scope.name.encode("utf-8"))
+        if scope.version:
+            head += _field(0x12, scope.version.encode("utf-8"))
+        head += _attributes(0x1A, scope.attributes)
+    encoded = _field(0x0A, head)
+    if len(_scopes) < _HELD:
+        _scopes[id(scope)] = (scope, encoded)
+    return encoded
 
 
 def same_as_sdk(spans: Sequence[Any]) -> bool:
