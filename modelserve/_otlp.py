@@ -268,13 +268,13 @@ def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
     state = span.trace_state
     if state:
         state_field = _field(0x1A, ",".join(f"{key}={value}" for key, value in state.items()).encode("utf-8"))
-        parts = [_IDS(0x0A10, high, low, 0x1208, span_id), state_field]
+        parts = [b"", _IDS(0x0A10, high, low, 0x1208, span_id), state_field]
         if parent is not None:
             parts.append(_ID(0x2208, parent.span_id))
     elif parent is not None:
-        parts = [_IDS_PARENT(0x0A10, high, low, 0x1208, span_id, 0x2208, parent.span_id)]
+        parts = [b"", _IDS_PARENT(0x0A10, high, low, 0x1208, span_id, 0x2208, parent.span_id)]
     else:
-        parts = [_IDS(0x0A10, high, low, 0x1208, span_id)]
+        parts = [b"", _IDS(0x0A10, high, low, 0x1208, span_id)]
     named = _names.get(span.name)
     parts += (
         named if named is not None else _name(span.name),
@@ -309,16 +309,11 @@ def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
         parts.append(_UNSET_TAILS[parent is not None and parent.is_remote])
     else:
         parts += (_status(status), b"\x85\x01", _flags(parent))
-    body = b"".join(parts)
-    size = len(body)
-    if size < 0x80:
-        out += (bytes((0x12, size)), body)
-    elif size < 0x4000:
-        out += (bytes((0x12, size & 0x7F | 0x80, size >> 7)), body)
-    else:
-        out += (b"\x12", _varint(size), body)
+    size = sum(map(len, parts))  # parts[0]: its lead, once its size is known
+    parts[0] = bytes((0x12, size & 0x7F | 0x80, size >> 7)) if 0x80 <= size < 0x4000 else _lead(0x12, size)
     stages = span.stages
     if not stages:
+        out.append(b"".join(parts))
         return
     # A stage span: its lead (tag and length) and its name's fields are made once per stage and size, its ids
     # (the stage's own, the server span's as its parent) are one pack, its times and last fields another.
@@ -339,7 +334,7 @@ def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
         if not stage_id:  # ids of the provider's own generator, or one chance in 2**64
             stage_id = new_id()
         if state:
-            out += (
+            parts += (
                 made[0],
                 _IDS(0x0A10, high, low, 0x1208, stage_id),
                 state_field,
@@ -348,12 +343,13 @@ def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
                 _STAGE_TIMES(end - int(seconds * 1e9), 0x41, end, _STAGE_TAIL),
             )
         else:
-            out += (
+            parts += (
                 made[0],
                 _IDS_PARENT(0x0A10, high, low, 0x1208, stage_id, 0x2208, span_id),
                 made[1],
                 _STAGE_TIMES(end - int(seconds * 1e9), 0x41, end, _STAGE_TAIL),
             )
+    out.append(b"".join(parts))  # one object a request: a batch holds few
 
 
 def _stage(made_once: dict[str, tuple[bytes, bytes]], name: str, size: int) -> tuple[bytes, bytes]:
