@@ -226,6 +226,8 @@ def _lead(tag: int, size: int) -> bytes:
     """A length-delimited field's tag (one byte) and its length."""
     if size < 0x80:
         return bytes((tag, size))
+    if size < 0x4000:
+        return bytes((tag, size & 0x7F | 0x80, size >> 7))
     return bytes((tag,)) + _varint(size)
 
 
@@ -309,8 +311,7 @@ def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
         parts.append(_UNSET_TAILS[parent is not None and parent.is_remote])
     else:
         parts += (_status(status), b"\x85\x01", _flags(parent))
-    size = sum(map(len, parts))  # parts[0]: its lead, once its size is known
-    parts[0] = bytes((0x12, size & 0x7F | 0x80, size >> 7)) if 0x80 <= size < 0x4000 else _lead(0x12, size)
+    parts[0] = _lead(0x12, sum(map(len, parts)))  # its lead, once its size is known
     stages = span.stages
     if not stages:
         out.append(b"".join(parts))
@@ -325,31 +326,35 @@ def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
             _stages[size] = made_once
     owner = span.owner
     new_id = owner.span_id
-    bits = random.getrandbits if owner.random_ids else None
-    for name, seconds, end in stages:
-        made = made_once.get(name)
-        if made is None:
-            made = _stage(made_once, name, size)
-        stage_id = bits(64) if bits is not None else 0
-        if not stage_id:  # ids of the provider's own generator, or one chance in 2**64
-            stage_id = new_id()
-        if state:
+    # A stage's id: as the owner's `span_id` draws it (0 from `bits`: the provider's own generator, or one
+    # chance in 2**64 of a random 0, which the owner draws again).
+    bits = random.getrandbits if owner.random_ids else _no_bits
+    if state:
+        parent_field = _ID(0x2208, span_id)
+        for name, seconds, end in stages:
+            made = made_once.get(name) or _stage(made_once, name, size)
             parts += (
                 made[0],
-                _IDS(0x0A10, high, low, 0x1208, stage_id),
+                _IDS(0x0A10, high, low, 0x1208, bits(64) or new_id()),
                 state_field,
-                _ID(0x2208, span_id),
+                parent_field,
                 made[1],
                 _STAGE_TIMES(end - int(seconds * 1e9), 0x41, end, _STAGE_TAIL),
             )
-        else:
+    else:
+        for name, seconds, end in stages:
+            made = made_once.get(name) or _stage(made_once, name, size)
             parts += (
                 made[0],
-                _IDS_PARENT(0x0A10, high, low, 0x1208, stage_id, 0x2208, span_id),
+                _IDS_PARENT(0x0A10, high, low, 0x1208, bits(64) or new_id(), 0x2208, span_id),
                 made[1],
                 _STAGE_TIMES(end - int(seconds * 1e9), 0x41, end, _STAGE_TAIL),
             )
     out.append(b"".join(parts))  # one object a request: a batch holds few
+
+
+def _no_bits(count: int) -> int:
+    return 0
 
 
 def _stage(made_once: dict[str, tuple[bytes, bytes]], name: str, size: int) -> tuple[bytes, bytes]:
@@ -384,18 +389,17 @@ def encode(spans: Sequence[Any]) -> bytes:
     # are copied once, by the one join.
     out: list[bytes] = []
     for resource, scopes in grouped.values():
-        at = len(out)
-        out.append(_resource(resource))
+        body = [_resource(resource)]
         for scope, encoded in scopes.values():
-            scoped = len(out)
-            out.append(_scope(scope))
-            out += encoded
-            if scope is not None and scope.schema_url:
-                out.append(_field(0x1A, scope.schema_url.encode("utf-8")))
-            out.insert(scoped, _lead(0x12, sum(map(len, out[scoped:]))))
+            head = _scope(scope)
+            url = _field(0x1A, scope.schema_url.encode("utf-8")) if scope is not None and scope.schema_url else b""
+            body += (_lead(0x12, len(head) + sum(map(len, encoded)) + len(url)), head)
+            body += encoded
+            body.append(url)
         if resource is not None and resource.schema_url:
-            out.append(_field(0x1A, resource.schema_url.encode("utf-8")))
-        out.insert(at, _lead(0x0A, sum(map(len, out[at:]))))
+            body.append(_field(0x1A, resource.schema_url.encode("utf-8")))
+        out.append(_lead(0x0A, sum(map(len, body))))
+        out += body
     return b"".join(out)
 
 
