@@ -3,10 +3,12 @@
 The OTLP/HTTP exporter encodes with `opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans`,
 which builds a protobuf message object per span, attribute and value before serializing them: ~36 us a stage
 span and ~80 us a server span on the 2-core machine, about as much as the rest of what tracing costs a
-request. `encode` writes the same message's wire format directly (~5-15 us a span), with each attribute key's
-bytes made once. It is the fast path of `modelserve.tracing`'s HTTP export only: the SDK's encoder stays the
-reference, `same_as_sdk` compares the two when tracing starts (the export falls back to the SDK's exporter
-when they differ), and the tests compare them on every kind of span modelserve makes.
+request. `encode` writes the same message's wire format directly, from parts made once (attribute keys and
+pairs, span and stage names, a route's server span's first attributes) and fixed-size fields packed by
+precompiled `struct`s: a route's server span with three stages in ~7-14 us on that machine. It is the fast
+path of `modelserve.tracing`'s HTTP export only: the SDK's encoder stays the reference, `same_as_sdk` compares
+the two when tracing starts (the export falls back to the SDK's exporter when they differ), and the tests
+compare them on every kind of span modelserve makes.
 
 The message (opentelemetry-proto's ``trace/v1/trace.proto`` and ``common/v1/common.proto``): resource spans
 (1) of a resource (1) and scope spans (2), each of a scope (1) and spans (2); a span's fields are numbered as
@@ -257,7 +259,7 @@ def _int_field(key: str, value: int) -> bytes:
 
 
 def _encode_live(span: LiveSpan, out: list[bytes]) -> None:
-    """A `LiveSpan` and its stage spans, each as a ``ScopeSpans.spans`` field, appended to `out`.
+    """A `LiveSpan` and its stage spans, each as a ``ScopeSpans.spans`` field, appended to `out` as one bytes.
 
     The fields of one server span's shape are written by one pack each (ids, kind and times), its first
     attributes' bytes are the `Head`'s, made once, and each attribute set since is a prefix made once per key
