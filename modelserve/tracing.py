@@ -531,11 +531,8 @@ class Tracing:
                     traced.request_id = ctx.request_id
                 try:
                     result = await call(value, ctx, **options)
-                except UserCodeError as exc:
-                    _record_user_error(traced, exc)
-                    raise
-                except HTTPError as exc:
-                    traced.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
+                except HTTPError as exc:  # UserCodeError among them
+                    _record_failure(traced, exc)
                     raise
                 if traced.recording:  # not sampled: no child of it is either
                     if isinstance(result, Stream):
@@ -552,11 +549,8 @@ class Tracing:
                 span.set_attribute("modelserve.request_id", ctx.request_id)
             try:
                 result = await call(value, ctx, **options)
-            except UserCodeError as exc:
-                _record_user_error(span, exc)
-                raise
-            except HTTPError as exc:
-                span.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
+            except HTTPError as exc:  # UserCodeError among them
+                _record_failure(span, exc)
                 raise
             if traced is None or not span.is_recording():  # not sampled: no child of it is either
                 return result
@@ -731,6 +725,15 @@ def _record_error(span: trace.Span, exc: BaseException) -> None:
     else:
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+
+
+def _record_failure(span: trace.Span, exc: HTTPError) -> None:
+    """A call that failed, on its span: user code's failure as an event (`_record_user_error`), a refusal as the
+    span's status with its code and message."""
+    if isinstance(exc, UserCodeError):
+        _record_user_error(span, exc)
+    else:
+        span.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
 
 
 def _record_user_error(span: trace.Span, exc: UserCodeError) -> None:
