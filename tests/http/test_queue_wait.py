@@ -50,16 +50,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any) -
     return started
 
 
-async def line(url: str) -> dict[str, httpx.Response]:
-    """A (0.6 s) runs while B (0.1 s) and C wait, filling a line of 2, and E comes (refused when the line is
-    full); D is sent when A is answered, so it waits behind C. When B ends, a call takes 0.1 s: the calls of a
-    full line take 0.2 s, and C has waited 0.5 s."""
+async def line(url: str, first: float = 0.6) -> dict[str, httpx.Response]:
+    """A (`first`, 0.6 s) runs while B (0.1 s) and C wait, filling a line of 2, and E comes (refused when the
+    line is full); D is sent when A is answered, so it waits behind C. When B ends, a call takes 0.1 s: the calls
+    of a full line take 0.2 s, and C has waited 0.5 s."""
     async with httpx.AsyncClient(timeout=10) as client:
 
         async def post(name: str, sleep: float) -> httpx.Response:
             return await client.post(url, json={"name": name, "sleep": sleep})
 
-        a = asyncio.ensure_future(post("A", 0.6))
+        a = asyncio.ensure_future(post("A", first))
         await asyncio.sleep(0.15)
         b = asyncio.ensure_future(post("B", 0.1))
         await asyncio.sleep(0.05)
@@ -99,7 +99,9 @@ def test_no_request_is_refused_for_waiting_while_no_newcomer_is_refused(server: 
 
 
 def test_a_fixed_max_queue_wait_refuses_whatever_the_line(server: Any) -> None:
-    answers = asyncio.run(line(f"{server.url}/sync-fixed"))  # a line of 3 that is never full
+    # A line of 3 that is never full. A runs 1.5 s, so B, C and E wait over a second each, far past the 0.3 s
+    # (with 0.6 s, E waited 0.35 s, and a request that reached a busy server 50 ms late was served).
+    answers = asyncio.run(line(f"{server.url}/sync-fixed", first=1.5))
     statuses = {name: answer.status_code for name, answer in answers.items()}
     assert statuses == {"A": 200, "B": 503, "C": 503, "D": 200, "E": 503}
     assert "max_queue_wait of 0.3 s" in answers["C"].json()["error"]
