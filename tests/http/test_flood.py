@@ -60,9 +60,16 @@ head = b"POST /big HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nContent-Type: application/
 head += b"Content-Length: %d\\r\\n\\r\\n" % len(body)
 counts = {}
 
+def flooding(deadline):
+    # At least `seconds`, and on until more than 10 bodies were served: a busy machine serves fewer a second
+    # (a fixed 6 s flood served only 10 beside other test runs), and the bound is only shown by a flood that
+    # got through. A quiet machine serves that many in 2-3 s.
+    now = time.monotonic()
+    return now < deadline or (counts.get(200, 0) <= 10 and now < deadline + 40)
+
 async def client(deadline):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    while time.monotonic() < deadline:
+    while flooding(deadline):
         try:
             writer.write(head + body)
             answer = await reader.readuntil(b"\\r\\n\\r\\n")
@@ -140,10 +147,10 @@ def test_a_flood_of_10_mib_bodies_stays_within_the_memory_bound_and_healthz_stay
     prober.start()
     try:
         flood = subprocess.run(
-            [sys.executable, "-c", FLOOD.replace("NUMBERS", str(NUMBERS)), str(server.port), "24", "6", kind],
+            [sys.executable, "-c", FLOOD.replace("NUMBERS", str(NUMBERS)), str(server.port), "24", "4", kind],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=90,
         )
     finally:
         done.set()
