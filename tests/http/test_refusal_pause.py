@@ -5,6 +5,7 @@ after a success and ``--refusal-pause 0`` are not held."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import read_http_answer, write_project
@@ -25,10 +27,13 @@ PROJECT = {
             max_queue_length: 0
     """,
     "model.py": """
+        import os
         import time
 
         class Model:
             def predict(self, inputs):
+                while "gate" in inputs and not os.path.exists(inputs["gate"]):  # held until the test makes it
+                    time.sleep(0.005)
                 time.sleep(inputs["sleep"])
                 return {"slept": inputs["sleep"]}
     """,
@@ -37,8 +42,8 @@ PROJECT = {
 PAUSE = 0.6
 
 
-def request(path: str = "/slow", sleep: float = 0.0) -> bytes:
-    body = b'{"sleep": %g}' % sleep
+def request(path: str = "/slow", sleep: float = 0.0, gate: Path | None = None) -> bytes:
+    body = json.dumps({"sleep": sleep} | ({"gate": str(gate)} if gate else {})).encode()
     head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     head += f"Content-Length: {len(body)}\r\n\r\n"
     return head.encode() + body
@@ -46,6 +51,15 @@ def request(path: str = "/slow", sleep: float = 0.0) -> bytes:
 
 def connect(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def wait_running(server: Any) -> None:
+    """Wait until the server's gauge shows the only slot taken (a fixed sleep bets on how soon a busy machine
+    reads the request)."""
+    deadline = time.monotonic() + 30
+    while 'modelserve_requests_in_flight{api="slow"} 1.0' not in httpx.get(server.url + "/metrics").text:
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.01)
 
 
 def start(start_server: Any, tmp_path: Path, pause: float) -> Any:
@@ -57,9 +71,12 @@ def start(start_server: Any, tmp_path: Path, pause: float) -> Any:
 @pytest.mark.slow
 def test_a_connection_refused_for_a_full_line_is_read_again_after_the_pause(start_server: Any, tmp_path: Path) -> None:
     server = start(start_server, tmp_path, PAUSE)
+    gate = tmp_path / "gate"
     with connect(server.port) as busy, connect(server.port) as refused, connect(server.port) as other:
-        busy.sendall(request(sleep=3 * PAUSE))  # holds the only slot
-        time.sleep(0.3)
+        # Holds the only slot until the paused connection was refused again (a sleep of 3 pauses ran out
+        # first on a busy machine, and the paused request was served).
+        busy.sendall(request(gate=gate))
+        wait_running(server)
         refused.sendall(request())
         assert read_http_answer(refused).startswith(b"HTTP/1.1 503"), "the line is full"
         answered = time.monotonic()
@@ -71,9 +88,11 @@ def test_a_connection_refused_for_a_full_line_is_read_again_after_the_pause(star
         again = read_http_answer(refused)
         assert time.monotonic() - answered >= PAUSE * 0.9, "the paused connection was read before its pause ended"
         assert again.startswith(b"HTTP/1.1 503"), "the slot is still held: refused again, not dropped"
+        gate.touch()
         assert read_http_answer(busy).startswith(b"HTTP/1.1 200")
-        # Once the slot is free the same connection's request is served; it came long after the last refusal,
-        # so it is not held.
+        # Once the slot is free the same connection's request is served; it comes a pause after the last
+        # refusal, so it is not held.
+        time.sleep(PAUSE)
         began = time.monotonic()
         refused.sendall(request())
         assert read_http_answer(refused).startswith(b"HTTP/1.1 200")
@@ -88,14 +107,16 @@ def test_a_connection_refused_for_a_full_line_is_read_again_after_the_pause(star
 @pytest.mark.slow
 def test_a_pause_of_zero_leaves_refused_connections_read_at_once(start_server: Any, tmp_path: Path) -> None:
     server = start(start_server, tmp_path, 0)
+    gate = tmp_path / "gate"
     with connect(server.port) as busy, connect(server.port) as refused:
-        busy.sendall(request(sleep=2.0))
-        time.sleep(0.3)
+        busy.sendall(request(gate=gate))  # holds the only slot until the refusals are done
+        wait_running(server)
         began = time.monotonic()
         for _ in range(20):  # 20 refusals in a row take far less than 20 pauses would
             refused.sendall(request())
             assert read_http_answer(refused).startswith(b"HTTP/1.1 503")
         assert time.monotonic() - began < 20 * PAUSE / 2
+        gate.touch()
         assert read_http_answer(busy).startswith(b"HTTP/1.1 200")
 
 
