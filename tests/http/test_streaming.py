@@ -95,6 +95,7 @@ def note(text):
 
 class Model:
     def preprocess(self, inputs):
+        note("preprocess started")
         deadline = time.monotonic() + inputs.get("seconds", 3)
         while time.monotonic() < deadline:
             if modelserve.is_cancelled():
@@ -109,8 +110,9 @@ class Model:
 """
 
 
-def wait_for_event(project: Path, text: str, timeout: float = 5.0) -> float:
-    """Wait (bounded) until user code wrote `text` to events.log; returns when it was seen."""
+def wait_for_event(project: Path, text: str, timeout: float = 30.0) -> float:
+    """Wait (bounded: the bound fails a broken test, a passing one waits for the server alone) until user code
+    wrote `text` to events.log; returns when it was seen."""
     path = project / "events.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -249,7 +251,7 @@ def test_a_cancelled_sync_stage_learns_it_and_the_next_stage_never_starts(tmp_pa
     server = start_server(project)
     server.wait_ready()
     sock = raw_post(server.url, b'{"seconds": 5}')
-    time.sleep(0.2)  # let preprocess start in its worker thread
+    wait_for_event(project, "preprocess started")  # in its worker thread (a 0.2 s sleep bet on it)
     sock.close()
     wait_for_event(project, "preprocess saw the cancellation")
     answer = httpx.post(server.url + "/", json={"seconds": 0})
