@@ -16,6 +16,7 @@ import time
 
 class Model:
     def predict(self, inputs):
+        open("started", "w").close()
         time.sleep(3600)  # only a shutdown that does not wait for it ends the test
         return "late"
 
@@ -42,7 +43,11 @@ def test_a_stuck_sync_stage_does_not_outlive_the_grace_period(tmp_path: Path, st
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.5)
+    # Stopped once the call runs (a 0.5 s sleep bet on it; a busy machine may not have read the request yet).
+    deadline = time.monotonic() + 60  # bounds a failing test; a passing one waits only for the call to start
+    while not (root / "started").exists():
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.01)
     assert server.stop() == 0
     assert "still running user code after the shutdown; exiting without waiting" in server.log
     caller.join(10)
