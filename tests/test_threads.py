@@ -36,26 +36,32 @@ def test_an_exception_reaches_the_caller() -> None:
 
 @pytest.mark.parametrize("abandon", [True, False])
 def test_cancellation_abandons_or_waits_for_the_call(abandon: bool) -> None:
-    finished = threading.Event()
+    # The call runs until its gate opens, not for a 0.3 s sleep that a busy machine could see end before the
+    # cancelled caller is looked at.
+    started, gate, finished = threading.Event(), threading.Event(), threading.Event()
 
     def slow() -> str:
-        time.sleep(0.3)
+        started.set()
+        assert gate.wait(30)
         finished.set()
         return "done"
 
-    async def main() -> float:
+    async def main() -> None:
         task = asyncio.ensure_future(_threads.run_sync(slow, abandon_on_cancel=abandon))
-        await asyncio.sleep(0.05)
+        while not started.is_set():
+            await asyncio.sleep(0.001)
         task.cancel()
-        started = time.monotonic()
+        # A caller that waits for the call learns of its cancellation once the gate opened; one that abandons
+        # it, before (the 10 s bound a failing test: a caller that waited would then see the call finished).
+        asyncio.get_running_loop().call_later(10 if abandon else 0.05, gate.set)
         with pytest.raises(asyncio.CancelledError):
             await task
-        return time.monotonic() - started
 
-    waited = asyncio.run(main())
+    asyncio.run(main())
     if abandon:
-        assert waited < 0.2 and not finished.is_set()  # the caller left; the call runs on
-        assert finished.wait(2)
+        assert not finished.is_set()  # the caller left while the call still runs; it runs on
+        gate.set()
+        assert finished.wait(10)
     else:
         assert finished.is_set()  # the cancellation took effect once the call had returned
 
