@@ -143,7 +143,7 @@ async def test_a_thread_hands_its_slot_to_an_acquire_waiter_through_the_loop() -
     assert limiter.waiting == 1
     gate.set()
     await running
-    await asyncio.wait_for(acquired, 1)
+    await asyncio.wait_for(acquired, 30)
     assert limiter.running == 1 and not released
     limiter.release()
     assert limiter.running == 0 and released == [True]

@@ -70,10 +70,10 @@ async def test_a_lost_connection_cancels_its_call(http: str, monkeypatch: pytest
         await app.server.wait_loaded()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(REQUEST)
-        await asyncio.wait_for(Slow.started.wait(), 5)
+        await asyncio.wait_for(Slow.started.wait(), 30)
         await asyncio.sleep(0.1)  # longer than WATCH_AFTER: the call is being watched
         writer.close()
-        await asyncio.wait_for(Slow.cancelled.wait(), 2)
+        await asyncio.wait_for(Slow.cancelled.wait(), 30)  # bounds a failing test only
         # modelserve's protocol told the watch; uvicorn's h11 protocol was waited on by a task, as before
         assert (awaited == []) == (http == "modelserve")
         answer = await asyncio.to_thread(_metrics, port)
