@@ -8,7 +8,8 @@ With argv[4] (JSON ``{"marker": path, "jobs": n, "started": folder}``), also how
 once its client left, and, after the replica running the first of n slow jobs was killed with ``ray.kill``,
 the replicas, which processes started each job, and the end of every job; with ``"autoscale": [project, n]``,
 that project deployed as a second application under ``/auto`` (its modelserve.yaml's ``ray:`` autoscales it)
-and n concurrent ``POST /auto/nap`` sent at once: their answers and the most replicas Serve ran meanwhile.
+and n concurrent ``POST /auto/nap`` kept in flight until a second replica runs: their answers and the most
+replicas Serve ran meanwhile.
 Not a test itself (pytest collects ``test_*.py`` only).
 """
 
@@ -175,17 +176,25 @@ def running_replicas(app_name: str) -> int:
 
 
 def autoscale(client: httpx.Client, project: str, count: int) -> dict[str, object]:
-    """Deploy `project` as the application ``auto`` (in this Ray session: no second start), send `count`
-    concurrent ``POST /auto/nap`` at once (a bounded load: each naps), and watch Serve's replicas meanwhile."""
+    """Deploy `project` as the application ``auto`` (in this Ray session: no second start), keep `count`
+    concurrent ``POST /auto/nap`` in flight (each naps) until Serve runs a second replica, or for 90 s at the
+    most (a bounded load), and watch Serve's replicas meanwhile. `count` naps sent once were not always enough:
+    on a busy machine they were all answered before the new replica had started."""
     serve.run(modelserve.ray.app({"project": project}), name="auto", route_prefix="/auto")
     before = running_replicas("auto")
     most = before
+    deadline = time.monotonic() + 90
+    answers: list[httpx.Response] = []
     with ThreadPoolExecutor(count) as pool:
-        futures = [pool.submit(client.post, "/auto/nap", json={}) for _ in range(count)]
-        while not all(future.done() for future in futures):
+        futures = {pool.submit(client.post, "/auto/nap", json={}) for _ in range(count)}
+        while futures:
             most = max(most, running_replicas("auto"))
+            done = {future for future in futures if future.done()}
+            futures -= done
+            answers += [future.result() for future in done]
+            if most < 2 and time.monotonic() < deadline:  # the load goes on: a nap for each one answered
+                futures |= {pool.submit(client.post, "/auto/nap", json={}) for _ in done}
             time.sleep(0.1)
-        answers = [future.result() for future in futures]
     return {
         "replicas_before": before,
         "replicas_most": most,

@@ -286,7 +286,7 @@ def test_a_project_on_ray_serve_answers_as_modelserve_does(project: Path, start_
     # the second application, autoscaled by its modelserve.yaml: one replica, two under the load, every nap answered
     scaled = result["autoscale"]
     assert scaled["replicas_before"] == 1 and scaled["replicas_most"] == 2, scaled
-    assert scaled["statuses"] == [200] * NAPS, scaled
+    assert len(scaled["statuses"]) >= NAPS and set(scaled["statuses"]) == {200}, scaled
     assert len(scaled["pids"]) == 2, scaled  # the replica the load added took some of it
 
     direct = start_server(project, "--jobs-store", "memory")  # python -m modelserve, the same project
