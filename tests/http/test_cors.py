@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +149,12 @@ def test_error_answers_carry_the_headers(
 
 
 class SlowToLoad:
-    def load(self) -> None:
-        import time
+    """Loads until the test opens its gate (a 0.5 s sleep could end before a busy machine sent the request)."""
 
-        time.sleep(0.5)
+    gate = threading.Event()
+
+    def load(self) -> None:
+        assert SlowToLoad.gate.wait(30)
 
     def predict(self, inputs: Any) -> Any:
         return inputs
@@ -161,12 +164,14 @@ def test_a_503_while_loading_carries_the_headers(monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(os.getcwd())
     monkeypatch.setenv("MODELSERVE_URL", "unset")
     monkeypatch.delenv("MODELSERVE_URL")
+    SlowToLoad.gate = threading.Event()
     app = modelserve.create_app(handler=SlowToLoad, name="slow", cors_origins=[ALLOWED])
 
     async def scenario() -> tuple[httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
             loading = await client.post("/slow", json=1, headers={"origin": ALLOWED})
+            SlowToLoad.gate.set()
             await app.server.wait_loaded()
             loaded = await client.post("/slow", json=1, headers={"origin": ALLOWED})
             await app.server.close()
