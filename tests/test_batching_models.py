@@ -95,6 +95,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   - name: waiting
                     model: {path: doubler.onnx, intra_op_threads: 1}
                     batching: {max_batch_size: 4, max_wait_ms: 300}
+                  - name: patient
+                    model: {path: doubler.onnx, intra_op_threads: 1}
+                    batching: {max_batch_size: 2, max_wait_ms: 30000}
                   - name: hurried
                     model: {path: doubler.onnx, intra_op_threads: 1}
                     timeout: 0.1
@@ -217,10 +220,12 @@ def test_models_without_a_batch_dimension_are_served_alone(server, api: str, bod
 
 def test_a_lone_request_is_not_delayed(server) -> None:
     count = metric(server, "modelserve_batch_wait_seconds_count", "doubler")
-    quick = metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.005")
+    # Dispatched at the end of the loop's turn: within 25 ms even when a busy machine takes the CPU away for a
+    # time slice or two in between (5 ms left it none).
+    quick = metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.025")
     assert httpx.post(server.url + "/doubler", json=[[1, 2]]).json() == {"y": [[2, 4]]}
     assert metric(server, "modelserve_batch_wait_seconds_count", "doubler") == count + 1
-    assert metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.005") == quick + 1
+    assert metric(server, "modelserve_batch_wait_seconds_bucket", "doubler", le="0.025") == quick + 1
 
 
 def test_max_wait_ms_lets_a_partial_batch_wait(server) -> None:
@@ -229,7 +234,7 @@ def test_max_wait_ms_lets_a_partial_batch_wait(server) -> None:
     assert time.monotonic() - started >= 0.3
 
 
-def wait_for(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -237,21 +242,25 @@ def wait_for(predicate, timeout: float = 5) -> None:  # type: ignore[no-untyped-
 
 
 def test_a_request_cancelled_while_waiting_leaves_its_batch(server) -> None:
-    before = batching_of(server, "waiting")
+    # `patient` waits up to 30 s for a second request: the first one is surely still waiting when the test sees
+    # it and when it leaves (with max_wait_ms 300, a busy machine could run its batch before the polling saw it).
+    before = batching_of(server, "patient")
     body = b"[[5, 6]]"
     sock = socket.create_connection(("127.0.0.1", server.port))
     try:
         sock.sendall(
-            b"POST /waiting HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"POST /patient HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
-        wait_for(lambda: batching_of(server, "waiting")["waiting"] == 1)
+        wait_for(lambda: batching_of(server, "patient")["waiting"] == 1)
     finally:
         sock.close()
-    wait_for(lambda: batching_of(server, "waiting")["waiting"] == 0)
-    assert httpx.post(server.url + "/waiting", json=[[1, 2]]).json() == {"y": [[2, 4]]}
-    after = batching_of(server, "waiting")
-    assert after["requests"] - before["requests"] == 1  # only the second request ever ran
+    wait_for(lambda: batching_of(server, "patient")["waiting"] == 0)
+    # Two more fill a batch at once: had the first kept its place, it would have taken one of the two places.
+    answers = asyncio.run(post_many(server.url + "/patient", [[[1, 2]], [[3, 4]]]))
+    assert [a.json() for a in answers] == [{"y": [[2, 4]]}, {"y": [[6, 8]]}]
+    after = batching_of(server, "patient")
+    assert after["requests"] - before["requests"] == 2  # the first request never ran
     assert after["model_calls"] - before["model_calls"] == 1
 
 
