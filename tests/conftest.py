@@ -21,6 +21,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# httpx makes an SSL context for every client, and every top-level call (httpx.get) makes a client: with a
+# bundle of CAs named (SSL_CERT_FILE, else certifi's), OpenSSL parses all of it each time, about 40 ms of CPU,
+# and the suite makes thousands (each poll of `wait_ready` one, beside a server that is loading). The system's
+# folder of CAs, read only when a certificate is checked, serves the same: half the time of a module of server
+# tests on a busy machine (tests/http/test_auth.py and tests/test_cli.py: 67 s, then 34 s). Servers and tools the
+# tests start inherit it. No test reaches beyond loopback; TLS tests name their own CA.
+if os.path.isdir("/etc/ssl/certs"):
+    os.environ.pop("SSL_CERT_FILE", None)
+    os.environ["SSL_CERT_DIR"] = "/etc/ssl/certs"
+
 
 _handed_out: set[int] = set()
 
