@@ -301,13 +301,11 @@ async def test_head_changes_nothing_behind_user_middleware(app_client: Any) -> N
     assert_like_get(await client.head("/jobs"), await client.get("/jobs"))
     assert calls(root) == []  # neither predict nor a job ran
     job_id = (await client.post("/jobs", json={"n": 2})).json()["id"]
-    for _ in range(200):
-        shown = (await client.get(f"/jobs/{job_id}")).json()
-        if shown["status"] == "completed":
-            break
+    deadline = time.monotonic() + 30  # bounds a failing test (200 polls, ~2 s, did; a busy machine may need more)
+    while (shown := (await client.get(f"/jobs/{job_id}")).json())["status"] != "completed":
+        assert time.monotonic() < deadline, shown
         await client.head(f"/jobs/{job_id}")
         await asyncio.sleep(0.01)
-    assert shown["status"] == "completed"
     assert_like_get(await client.head(f"/jobs/{job_id}"), await client.get(f"/jobs/{job_id}"))
     assert calls(root) == [f"job {job_id}"]
 
