@@ -497,15 +497,19 @@ def test_two_servers_share_one_redis(tmp_path: Path, start_server: Any, redis_ur
 def test_redis_lease_expiry_after_kill_9(tmp_path: Path, start_server: Any, redis_url: str) -> None:
     root = project(tmp_path)
     (root / "modelserve.yaml").write_text(f"jobs: {{store: {redis_url}, prefix: {tmp_path.name}}}\n" + CONFIG)
-    doomed, survivor = start_server(root), start_server(root)
-    doomed.wait_ready()
-    survivor.wait_ready()
-    # Occupy the survivor so that the doomed server claims the job; both run until the test makes their gate
-    # (sleeps of 1.0 and 1.5 s could run out before a busy machine had shown either in progress).
-    blocker = submit(survivor.url, {"gate": str(tmp_path / "blocker")}).json()["id"]
-    wait_status(survivor.url, blocker, {"in_progress"})
+    servers = [start_server(root), start_server(root)]
+    for server in servers:
+        server.wait_ready()
+    # A blocker occupies one server (whichever claims it from the shared store: the survivor), so that the
+    # other one (doomed) claims the job; both run until the test makes their gate. (Sleeps of 1.0 and 1.5 s
+    # could run out before a busy machine had shown either in progress, and the test skipped when the server
+    # it sent the blocker to was not the one that claimed it.)
+    blocker = submit(servers[0].url, {"gate": str(tmp_path / "blocker")}).json()["id"]
+    wait_started(root, blocker, times=1)
+    busy = next(run[0] for run in runs(root) if run[1] == blocker)
+    survivor, doomed = servers if busy == str(servers[0].process.pid) else servers[::-1]
     job_id = submit(doomed.url, {"gate": str(tmp_path / "job")}).json()["id"]
-    wait_status(doomed.url, job_id, {"in_progress"})
+    wait_started(root, job_id, times=1)
     owner = next(run[0] for run in runs(root) if run[1] == job_id)
     assert owner == str(doomed.process.pid), "the busy survivor claimed the job"
     doomed.stop(signal.SIGKILL)
