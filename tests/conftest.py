@@ -137,28 +137,47 @@ class Server:
     """A `python -m modelserve` process on a free loopback port; output goes to a log file."""
 
     def __init__(self, project: Path, *args: str, env: dict[str, str] | None = None, log_dir: Path) -> None:
+        self._command = [sys.executable, "-m", "modelserve", str(project), *args]
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._log_dir = log_dir
+        self._launch()
+
+    def _launch(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"server-{self.port}.log"
+        self.log_path = self._log_dir / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "modelserve", str(project), "--port", str(self.port), *args],
+            [*self._command, "--port", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=full_env,
+            env=self._env,
             cwd=str(REPO),
         )
+
+    def _lost_its_port(self) -> bool:
+        """Whether the process exited because something else bound its port first. `free_port` knows the ports
+        of this test run only: CI runs another test script beside the suite, whose servers and clients take
+        loopback ports too, and one may take this one between `free_port` and the server's bind."""
+        in_use = f"cannot listen on 127.0.0.1:{self.port}: Address already in use"
+        return self.process.returncode == 4 and in_use in self.log
 
     @property
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def wait_listening(self, timeout: float = 30) -> None:
-        """Wait until /healthz answers (the APIs may still be loading)."""
+        """Wait until /healthz answers (the APIs may still be loading). A server whose port was taken before it
+        could bind it is started again on another port (`url` and `port` change then), up to 3 times."""
         deadline = time.monotonic() + timeout
+        relaunches = 3
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if relaunches and self._lost_its_port():
+                    relaunches -= 1
+                    self._log.close()
+                    self._launch()
+                    continue
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
