@@ -21,12 +21,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from modelserve.errors import LoadError
 from modelserve.grpc._proto import grpc_service_pb2 as pb
-from modelserve.grpc.servicer import InferenceServicer
+from modelserve.grpc.servicer import MALFORMED, InferenceServicer
 from modelserve.http.auth import ApiKeys
 from modelserve.server import ModelServer
 
@@ -49,9 +50,35 @@ def sized(parse: Callable[[bytes], Any]) -> Callable[[bytes], tuple[Any, bytes]]
     3.5 ms), and the usual request's inputs are read from them (`modelserve.grpc.codec.RawPlan`)."""
 
     def deserialize(data: bytes) -> tuple[Any, bytes]:
-        return parse(data), data
+        try:
+            return parse(data), data
+        except DecodeError:  # not a message: the servicer's INVALID_ARGUMENT (gRPC's own is UNKNOWN and a traceback)
+            return MALFORMED, data
 
     return deserialize
+
+
+def parsed(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A request deserializer that gives None for bytes that are not a message (`refusing` answers them)."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            return None
+
+    return deserialize
+
+
+def refusing(function: Callable[[Any, Any], Any], message: str) -> Callable[[Any, Any], Any]:
+    """A method that answers INVALID_ARGUMENT for a request that `parsed` could not parse."""
+
+    async def method(request: Any, context: Any) -> Any:
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an inference.{message}")
+        return await function(request, context)
+
+    return method
 
 
 #: The methods whose answers may come as their message's bytes already (`written`).
@@ -78,7 +105,10 @@ def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = 
         if function is None:
             continue
         request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
-        deserialize = sized(request.FromString) if method.name in SIZED else request.FromString
+        if method.name in SIZED:
+            deserialize = sized(request.FromString)
+        else:
+            deserialize, function = parsed(request.FromString), refusing(function, method.input_type.name)
         serialize = written(response.SerializeToString) if method.name in WRITTEN else response.SerializeToString
         if method.client_streaming:
             make = grpc.stream_stream_rpc_method_handler

@@ -64,6 +64,18 @@ CODES = {
 #: The methods a client may call without an API key (the probes).
 OPEN = frozenset({"ServerLive", "ServerReady"})
 _UNPLANNED: Any = object()
+#: The request ModelInfer and ModelStreamInfer are given for bytes that are not a ``ModelInferRequest``
+#: (`modelserve.grpc.server.sized`): this very message, empty, whose name is no model's, so that the usual
+#: request pays nothing to tell it apart (the refusal of its unknown model becomes INVALID_ARGUMENT).
+MALFORMED = pb.ModelInferRequest()
+#: The longest status message sent: a client refuses trailers past 8-16 KiB (percent-encoded, up to 12 bytes a
+#: character), and would see RESOURCE_EXHAUSTED instead of the status.
+MAX_DETAILS = 512
+
+
+def _shown(text: str, most: int) -> str:
+    """`text` (a name the client sent) cut to `most` characters for a message."""
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _parameter(value: Any) -> Any:
@@ -177,10 +189,10 @@ class InferenceServicer:
         else:
             model = self.models.get(name)
             if model is None:
-                raise NotFound(f"Request for unknown model: '{name}' is not found")
+                raise NotFound(f"Request for unknown model: '{_shown(name, 80)}' is not found")
             if version in ("", "1"):
                 return model
-        raise NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
+        raise NotFound(f"Request for unknown model: '{_shown(name, 80)}' version {version[:40]} is not found")
 
     def _authorize(self, context: Any, method: str, api: str | None, metadata: dict[str, str] | None = None) -> None:
         keys = self.keys
@@ -201,7 +213,7 @@ class InferenceServicer:
 
     async def _abort(self, context: Any, exc: BaseException, request_id: str) -> None:
         status, body, _ = render(exc, request_id)
-        message = orjson.loads(body)["error"]
+        message = _shown(orjson.loads(body)["error"], MAX_DETAILS)
         await context.abort(CODES.get(status, grpc.StatusCode.INTERNAL), message)
 
     async def _answer(self, context: Any, method: str, api: str | None, make: Callable[[], Any]) -> Any:
@@ -422,8 +434,10 @@ class InferenceServicer:
             status = ClientDisconnected.status_code
             raise
         except HTTPError as exc:
-            status = exc.status_code
             error = exc
+            if request is MALFORMED:
+                error = BadRequest(f"the request's {len(data or b'')} bytes are not an inference.ModelInferRequest")
+            status = error.status_code
         except Exception as exc:
             status = 500
             logger.exception("api '%s': gRPC request %s failed", api.name if api is not None else "", request_id)
