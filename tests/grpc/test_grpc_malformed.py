@@ -262,7 +262,7 @@ def test_a_stream_that_ends_early_leaves_the_server_serving(channel: Any) -> Non
 
 
 def test_parameters_of_every_type_are_taken(channel: Any) -> None:
-    kinds = {"b": {"bool_param": True}, "i": {"int64_param": -5}, "s": {"string_param": "x"}}
+    kinds: dict[str, dict[str, Any]] = {"b": {"bool_param": True}, "i": {"int64_param": -5}, "s": {"string_param": "x"}}
     kinds |= {"d": {"double_param": float("nan")}, "u": {"uint64_param": 2**64 - 1}, "none": {}}
     given = {key: pb.InferParameter(**value) for key, value in kinds.items()}
     message = infer("f", tensor("x", "FP32", [3], parameters=given), parameters=given, id="a\nb\x00\u2028é")
