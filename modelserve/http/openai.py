@@ -172,10 +172,11 @@ def _positive(body: dict[str, Any], name: str) -> None:
         raise OpenAIBadRequest(name, f"'{name}' must be a positive integer, got {_kind(value)}")
 
 
-def _boolean(body: dict[str, Any], name: str) -> bool:
+def _boolean(body: dict[str, Any], name: str, within: str = "") -> bool:
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise OpenAIBadRequest(name, f"'{name}' must be a boolean, got {_kind(value)}")
+        param = within + name
+        raise OpenAIBadRequest(param, f"'{param}' must be a boolean, got {_kind(value)}")
     return bool(value)
 
 
@@ -219,7 +220,7 @@ def _messages(body: dict[str, Any]) -> None:
         if not isinstance(message, dict):
             raise OpenAIBadRequest(where, f"'{where}' must be an object, got {_kind(message)}")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list or an object cannot be looked up in a set
             shown = repr(role)[:40] if isinstance(role, str) else _kind(role)
             raise OpenAIBadRequest(
                 f"{where}.role", f"'{where}.role' must be one of {', '.join(sorted(ROLES))}, got {shown}"
@@ -285,9 +286,9 @@ def check_request(kind: str, body: Any) -> OpenAIRequest:
     if options is not None:
         if not isinstance(options, dict):
             raise OpenAIBadRequest("stream_options", "'stream_options' must be an object")
-        include_usage = _boolean(options, "include_usage")
+        include_usage = _boolean(options, "include_usage", "stream_options.")
     n = body.get("n")
-    if n is not None and n != 1:
+    if n is not None and not (_is_int(n) and n == 1):
         raise OpenAIBadRequest("n", "'n' must be 1: one choice per request is served here")
     for name in ("max_tokens", "max_completion_tokens"):
         _positive(body, name)
