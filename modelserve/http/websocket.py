@@ -256,8 +256,14 @@ def _close_code(error: BaseException) -> tuple[int, str]:
     if isinstance(error, GatewayTimeout):
         return TRY_AGAIN, "the call took longer than the API's timeout"
     if isinstance(error, HTTPError) and error.status_code < 500:
-        return POLICY, error.message[:120]  # a close reason is at most 123 bytes
+        return POLICY, _reason(error.message)
     return INTERNAL, MODEL_ERROR
+
+
+def _reason(message: str) -> str:
+    """`message` cut to the 123 bytes of UTF-8 a close frame's reason may hold, on a character's boundary: a
+    longer one (120 characters of a name the client sent in another script) failed the close itself."""
+    return message.encode("utf-8", "replace")[:123].decode("utf-8", "ignore")
 
 
 class _Endpoint:
