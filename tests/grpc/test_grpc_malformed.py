@@ -292,3 +292,37 @@ def test_mutated_bytes_are_answered_or_refused_as_the_client_s_fault(
     except grpc.RpcError as error:
         assert error.code().name in {"INVALID_ARGUMENT", "NOT_FOUND"}, error.details()
     assert failures.lines[before:] == []
+
+
+DATATYPES = ["FP32", "INT8", "UINT64", "BOOL", "BYTES", "FP16", "BF16", "FP99", ""]
+DIMS = st.integers(-2, 4) | st.sampled_from([2**31, 2**62, 2**63 - 1])
+TENSORS = st.builds(
+    lambda name, datatype, shape, values: tensor(name, datatype, shape, contents=contents(**values)),
+    st.sampled_from(["x", "t", "b", ""]),
+    st.sampled_from(DATATYPES),
+    st.lists(DIMS, max_size=4),
+    st.sampled_from([{}, {"fp32_contents": [1.0, 2.0]}, {"int_contents": [300]}, {"bytes_contents": [b"\xff", b"a"]}]),
+)
+REQUESTS = st.builds(
+    lambda model, tensors, raw, version: pb.ModelInferRequest(
+        model_name=model, model_version=version, inputs=tensors, raw_input_contents=raw
+    ),
+    st.sampled_from(["f", "s", "any", "nope"]),
+    st.lists(TENSORS, max_size=3),
+    st.lists(st.binary(max_size=16), max_size=3),
+    st.sampled_from(["", "1", "2", "x"]),
+)
+
+
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@hypothesis.given(message=REQUESTS)
+def test_any_message_of_odd_fields_is_answered_or_refused(served: tuple[Any, Failures], message: Any) -> None:
+    """ModelInferRequests built of odd names, datatypes, shapes, contents and raw contents: an answer, or a
+    refusal of the client's input, and no traceback in the server's log."""
+    channel, failures = served
+    before = len(failures.lines)
+    try:
+        call(channel, "ModelInfer", message)
+    except grpc.RpcError as error:
+        assert error.code().name in {"INVALID_ARGUMENT", "NOT_FOUND"}, error.details()
+    assert failures.lines[before:] == []
