@@ -395,8 +395,13 @@ class InferenceServicer:
         status = 200
         error: HTTPError
         try:
+            keys = self.keys
+            if keys is not None and keys.protected_apis is None:
+                # Every API needs a key: a call without one learns nothing, not even whether its model exists
+                # (as over HTTP, where an unknown path is a 401 too).
+                self._authorize(context, "ModelInfer", None, metadata)
             model = self.model(request.model_name, request.model_version)
-            if self.keys is not None:
+            if keys is not None and keys.protected_apis is not None:
                 self._authorize(context, "ModelInfer", model.api.name, metadata)
             api = model.api
             ctx = RequestContext(api.name, request_id)

@@ -321,3 +321,33 @@ def test_a_cancelled_call_lets_go_of_its_slot(client: Any) -> None:
     call.cancel()
     assert "CANCELLED" in str(answers.get(timeout=30))
     assert client.infer("slow", x_input([2.0]), client_timeout=60).as_numpy("y").tolist() == [4.0]
+
+
+def test_with_keys_on_every_api_a_call_without_one_learns_no_model_name(tmp_path: Path) -> None:
+    """Keys on every API: a call without a key is UNAUTHENTICATED whether its model exists or not (over HTTP, an
+    unknown path is a 401 too); with the key, the unknown model is NOT_FOUND."""
+    project = """
+auth: {api_keys_env: GRPC_TEST_ALL_KEYS}
+apis:
+  - {name: doubled, handler: {path: model.py, class: Slow}}
+"""
+    root = write_project(tmp_path, {"modelserve.yaml": project, "model.py": MODEL})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRPC_TEST_ALL_KEYS", "all-key")
+        with grpc_served(root) as address:
+            triton = grpcclient.InferenceServerClient(address)
+            try:
+                for name in ("doubled", "nothing"):
+                    with pytest.raises(InferenceServerException) as error:
+                        triton.infer(name, x_input([1.0]))
+                    assert error.value.status() == "StatusCode.UNAUTHENTICATED", name
+                    with pytest.raises(InferenceServerException) as error:
+                        triton.get_model_metadata(name)
+                    assert error.value.status() == "StatusCode.UNAUTHENTICATED", name
+                with pytest.raises(InferenceServerException) as error:
+                    triton.infer("nothing", x_input([1.0]), headers={"authorization": "Bearer all-key"})
+                assert error.value.status() == "StatusCode.NOT_FOUND"
+                answer = triton.infer("doubled", x_input([2.0]), headers={"authorization": "Bearer all-key"})
+                assert answer.as_numpy("y").tolist() == [4.0]
+            finally:
+                triton.close()
