@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -33,6 +35,36 @@ if os.path.isdir("/etc/ssl/certs"):
 
 
 _handed_out: set[int] = set()
+#: The ports handed out by every test run on this machine, a file each: CI runs scripts/test-floors (another
+#: pytest, servers of its own) beside the suite, and a port one run had handed out but not yet bound could be
+#: handed out by the other; then a server that lost the bind race had its readiness answered by the other's.
+_CLAIMS = Path(tempfile.gettempdir()) / "modelserve-test-ports"
+#: A claim older than this is left over by a run that was killed: taken over.
+_STALE_CLAIM_S = 3600
+
+
+def _claim(port: int) -> bool:
+    """Whether `port` is now this run's: no other run on the machine has claimed it (`_CLAIMS`)."""
+    _CLAIMS.mkdir(exist_ok=True)
+    path = _CLAIMS / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < _STALE_CLAIM_S:
+                return False
+            path.unlink()  # a stale claim: whoever removes it first (and then creates it) takes the port
+        except FileNotFoundError:
+            pass
+        return _claim(port)
+    return True
+
+
+@atexit.register
+def _release_claims() -> None:
+    for port in _handed_out:
+        with contextlib.suppress(OSError):
+            (_CLAIMS / str(port)).unlink()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,17 +75,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def free_port() -> int:
-    """A loopback port that is free now and that this test run has not handed out before.
+    """A loopback port that is free now and that no test run on this machine has handed out before.
 
     The port is closed again before the server binds it, and a server importing TensorFlow binds seconds
-    later: without the set, a second server started meanwhile could be given the same port, and the one
-    that loses the bind race would have its requests answered by the other.
+    later: without the set (this run's) and the claims (every run's, `_claim`), a second server started
+    meanwhile could be given the same port, and the one that loses the bind race would have its requests
+    answered by the other.
     """
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        if port not in _handed_out:
+        if port not in _handed_out and _claim(port):
             _handed_out.add(port)
             return port
 
