@@ -81,6 +81,11 @@ class ModelServer:
         async_apis = [api for api in self.apis.values() if api.config.kind == "async"]
         #: The jobs service, when the project has async APIs.
         self.jobs = Jobs(project.jobs, project.root, async_apis, self.metrics, workers) if async_apis else None
+        #: Whether the jobs service, when there is one, has opened its store and started its workers: its APIs
+        #: load first, and until then a submit is refused (503), so the server is not ready either.
+        self.jobs_started = self.jobs is None
+        #: Why the jobs service could not start (its store did not open), else None.
+        self.jobs_error: str | None = None
         self._loading: asyncio.Task[None] | None = None
         #: Whether loading ends with `tune_collector()` (the CLI's processes, which serve one project each).
         self.tune_collector_after_load = False
@@ -103,8 +108,8 @@ class ModelServer:
 
     @property
     def ready(self) -> bool:
-        """Every API ready but those unloaded (`--model-control explicit`)."""
-        return all(api.ready for api in self.all_apis() if api.state != "unloaded")
+        """Every API ready but those unloaded (`--model-control explicit`), and the jobs service started."""
+        return self.jobs_started and all(api.ready for api in self.all_apis() if api.state != "unloaded")
 
     @property
     def started(self) -> bool:
@@ -144,7 +149,9 @@ class ModelServer:
         try:
             if self.jobs is not None:
                 await self.jobs.start()
+                self.jobs_started = True
         except LoadError as exc:
+            self.jobs_error = str(exc)
             logger.error("%s", exc)
             self._failed(exc)
             return

@@ -57,8 +57,9 @@ class ServerRoutes:
         await send_json(send, 200, {"status": "ok"}, request_headers(scope)[0])
 
     async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """200 once every API is ready, else 503 naming the APIs that failed (or else those still loading);
-        either way ``apis`` gives each API's state: ``loading``, ``ready`` or ``failed``."""
+        """200 once every API is ready and the jobs service (of async APIs) has started, else 503 naming the APIs
+        that failed (or else those still loading, or else the jobs store); either way ``apis`` gives each API's
+        state: ``loading``, ``ready`` or ``failed``."""
         request_id = request_headers(scope)[0]
         states = {name: api.state for name, api in self.server.apis.items()}
         if self.server.ready:
@@ -66,9 +67,14 @@ class ServerRoutes:
             return
         failed = [name for name, state in states.items() if state == "failed"]
         loading = [name for name, state in states.items() if state == "loading"]
-        not_ready = ServiceUnavailable(
-            f"failed to load: {', '.join(failed)}" if failed else f"loading: {', '.join(loading)}"
-        )
+        if failed:
+            not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}")
+        elif loading:
+            not_ready = ServiceUnavailable(f"loading: {', '.join(loading)}")
+        elif self.server.jobs_error is not None:  # every API loaded, but the jobs store did not open
+            not_ready = ServiceUnavailable(f"failed to start the jobs: {self.server.jobs_error}")
+        else:  # every API loaded; the jobs service is opening its store, then starts its workers
+            not_ready = ServiceUnavailable("starting: the jobs store is opening")
         not_ready.extra = {"apis": states}
         await send_error(send, not_ready, request_id)
 
