@@ -458,16 +458,24 @@ def test_sqlite_with_two_workers_runs_each_job_once(tmp_path: Path, start_server
     root = project(tmp_path)
     server = start_server(root, "--workers", "2")
     server.wait_ready(consecutive=20)
+    # Two jobs held on a gate: a process runs one job at a time (max_concurrency 1), so while the first runs in
+    # one process, only the other can claim the second: both processes run jobs whatever a busy machine does
+    # (40 quick jobs once all ran in one process).
+    gate = tmp_path / "gate"
+    held = [submit(server.url, {"gate": str(gate)}).json()["id"] for _ in range(2)]
+    for job_id in held:
+        wait_started(root, job_id, times=1)
+    assert len({run[0] for run in runs(root) if run[1] in held}) == 2, "both processes should have run jobs"
+    gate.touch()
     with httpx.Client(timeout=10) as client:
         ids = []
         for n in range(40):
             client.headers["connection"] = "close"  # new connections spread over both processes
             ids.append(client.post(f"{server.url}/jobs", json={"n": n}).json()["id"])
-    for job_id in ids:
+    for job_id in [*held, *ids]:
         wait_status(server.url, job_id, {"completed"})
     started = [run for run in runs(root) if run[2] == "start"]
-    assert sorted(run[1] for run in started) == sorted(ids)
-    assert len({run[0] for run in started}) == 2, "both processes should have run jobs"
+    assert sorted(run[1] for run in started) == sorted([*held, *ids])  # each job ran once
 
 
 def test_two_servers_share_one_redis(tmp_path: Path, start_server: Any, redis_url: str) -> None:
