@@ -295,8 +295,13 @@ def test_two_workers_serve(tmp_path: Path, start_server: Any) -> None:
             assert answer.status_code == 200
             return int(answer.json())
 
+    # Rounds of 48 until both workers answered (30 s at most): a busy machine may give one worker every
+    # connection of a round.
+    pids: set[int] = set()
+    deadline = time.monotonic() + 30
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        pids = set(pool.map(ask, range(48)))
+        while len(pids) < 2 and time.monotonic() < deadline:
+            pids |= set(pool.map(ask, range(48)))
     assert len(pids) == 2 and server.process.pid not in pids
     assert server.stop() == 0
 
