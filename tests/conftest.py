@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -154,6 +155,19 @@ def serve_in_thread(config: Any) -> Iterator[Any]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+class Failures(logging.Handler):
+    """The log lines at ERROR or with a traceback of a server run in the test's process (add it to the root
+    logger while the server runs): a refusal of bad input logs neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.lines.append(self.format(record))
 
 
 def write_project(root: Path, files: dict[str, str]) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import write_project
+from tests.conftest import Failures, write_project
 from tests.grpc.test_grpc import grpc_served
 
 grpc = pytest.importorskip("grpc")
@@ -56,18 +56,6 @@ class Echo:
 """
 
 SERVICE = "/inference.GRPCInferenceService/"
-
-
-class Failures(logging.Handler):
-    """The server's log lines at ERROR or with a traceback (the server runs in this process)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.lines.append(self.format(record))
 
 
 @pytest.fixture(scope="module")

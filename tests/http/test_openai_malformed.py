@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 
 import modelserve
-from tests.conftest import free_port, serve_in_thread, write_project
+from tests.conftest import Failures, free_port, serve_in_thread, write_project
 
 hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
@@ -50,18 +50,6 @@ PROJECT = {
                 return [[0.5]] * (1 if isinstance(given, str) else len(given))
     """,
 }
-
-
-class Failures(logging.Handler):
-    """The server's log lines at ERROR or with a traceback (the server runs in this process)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.lines.append(self.format(record))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 import modelserve
-from tests.conftest import free_port, serve_in_thread, write_project
+from tests.conftest import Failures, free_port, serve_in_thread, write_project
 
 websockets = pytest.importorskip("websockets")
 hypothesis = pytest.importorskip("hypothesis")
@@ -50,18 +50,6 @@ PROJECT = {
                 return {"x": inputs.x}
     """,
 }
-
-
-class Failures(logging.Handler):
-    """The server's log lines at ERROR or with a traceback (the server runs in this process)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.lines.append(self.format(record))
 
 
 @pytest.fixture(scope="module")
