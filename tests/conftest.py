@@ -93,8 +93,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(folder: Path, *options: str) -> Iterator[int]:
-    """A redis-server of the test's own on a free loopback port (skips when none is installed); its port."""
+def redis_process(folder: Path, *options: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A redis-server of the test's own on a free loopback port (skips when none is installed): its process
+    (to pause it, say) and its port."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed (scripts/test installs it)")
@@ -115,10 +116,18 @@ def redis_server(folder: Path, *options: str) -> Iterator[int]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        yield port
+        yield process, port
     finally:
+        process.send_signal(signal.SIGCONT)  # a paused one ends too
         process.terminate()
         process.wait(10)
+
+
+@contextlib.contextmanager
+def redis_server(folder: Path, *options: str) -> Iterator[int]:
+    """A redis-server of the test's own on a free loopback port (skips when none is installed); its port."""
+    with redis_process(folder, *options) as (_, port):
+        yield port
 
 
 def read_http_answer(sock: socket.socket) -> bytes:

@@ -7,9 +7,7 @@ to fall into it."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import pytest
 import uvicorn
 
 import modelserve
-from tests.conftest import free_port, serve_in_thread, write_project
+from tests.conftest import free_port, redis_process, serve_in_thread, write_project
 
 HANDLER = """
 class Handler:
@@ -30,34 +28,15 @@ class Handler:
 
 
 @pytest.fixture
-def redis_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """A redis-server of the test's own (its process, to pause it with SIGSTOP) and its port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (scripts/test installs it)")
-    port = free_port()
-    command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen([*command, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "redis-server did not listen"
-                time.sleep(0.05)
-        yield process, port
-    finally:
-        process.send_signal(signal.SIGCONT)
-        process.terminate()
-        process.wait(10)
+def redis(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    with redis_process(tmp_path) as started:
+        yield started
 
 
 def test_the_server_is_ready_only_once_its_jobs_store_has_opened(
-    tmp_path: Path, redis_process: tuple[subprocess.Popen[bytes], int]
+    tmp_path: Path, redis: tuple[subprocess.Popen[bytes], int]
 ) -> None:
-    process, port = redis_process
+    process, port = redis
     yaml = (
         f"jobs: {{store: 'redis://127.0.0.1:{port}/0', prefix: {tmp_path.name}}}\n"
         "apis:\n  - {name: jobs, kind: async, handler: {path: handler.py}}\n"
