@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -162,10 +163,17 @@ def stage_count(server: Any, api: str, stage: str) -> float:
 
 
 def test_a_fast_model_is_served_unbatched_and_says_so(server: Any) -> None:
-    answers = asyncio.run(post_many(server.url + "/iris", [{"inputs": [ROW]}] * 24))
-    assert [answer.status_code for answer in answers] == [200] * 24
-    assert {tuple(answer.json()["label"]) for answer in answers} == {tuple(iris_expected([ROW])[1].tolist())}
-    info = httpx.get(server.url + "/iris").json()["batching"]
+    # Until the model and its hooks are measured, requests are batched: a first burst may all arrive before any
+    # estimate exists (seen in a CI run: 24 batched, then "unbatched" with none served so). Bursts go on until
+    # one is served unbatched (a bound for a failing test only).
+    deadline = time.monotonic() + 30
+    while True:
+        answers = asyncio.run(post_many(server.url + "/iris", [{"inputs": [ROW]}] * 24))
+        assert [answer.status_code for answer in answers] == [200] * 24
+        assert {tuple(answer.json()["label"]) for answer in answers} == {tuple(iris_expected([ROW])[1].tolist())}
+        info = httpx.get(server.url + "/iris").json()["batching"]
+        if info["unbatched_requests"] > 0 or time.monotonic() > deadline:
+            break
     assert info["mode"] == "unbatched"
     assert info["unbatched_requests"] > 0
     assert stage_count(server, "iris", "run (unbatched)") == info["unbatched_requests"]
