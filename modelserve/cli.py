@@ -301,10 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         atexit.register(shutil.rmtree, metrics_dir, True)  # after the workers are gone, whatever the exit
         # Every worker takes its slot (and so its GPU among an API's devices) from lock files here.
-        from modelserve.devices import SLOTS_ENV
+        # ... and says there when it has loaded, so that every worker's /readyz answers for all of them.
+        from modelserve.devices import SLOTS_ENV, WORKERS_ENV
 
         slots_dir = tempfile.mkdtemp(prefix="modelserve-slots-")
         os.environ[SLOTS_ENV] = slots_dir
+        os.environ[WORKERS_ENV] = str(args.workers)
         atexit.register(shutil.rmtree, slots_dir, True)
 
     # Validate the project in this process first (config, imports, signatures), so that the common

@@ -4,7 +4,9 @@ An API's ``devices`` (``[0, 1]``, or ``auto`` for every visible GPU, the default
 of ``--workers N``: the worker in slot *i* uses ``devices[i mod n]``. uvicorn does not number its workers, so
 each process takes its slot itself, when it first needs it (loading its first API): the lowest free one among
 lock files in a folder the parent made for them (``MODELSERVE_SLOTS_DIR``). The lock is held for the process's
-life, so a worker that dies frees its slot for the one that replaces it. A lone process is slot 0.
+life, so a worker that dies frees its slot for the one that replaces it. A lone process is slot 0. A worker that
+has loaded its project says so in the same folder (`mark_loaded`), so that every worker's ``/readyz`` can
+answer for all of them (`workers_loaded`).
 
 Without a GPU, ``auto`` is the CPU. GPU ids count the GPUs this process sees (``CUDA_VISIBLE_DEVICES``
 renumbers them, as CUDA and every framework do).
@@ -30,6 +32,8 @@ logger = logging.getLogger("modelserve")
 
 #: The folder of the slot lock files, set by the CLI's parent process for ``--workers`` > 1.
 SLOTS_ENV = "MODELSERVE_SLOTS_DIR"
+#: How many worker processes the CLI's parent starts (``--workers N``), set beside ``MODELSERVE_SLOTS_DIR``.
+WORKERS_ENV = "MODELSERVE_WORKERS"
 #: What ``devices`` means when an API does not say.
 AUTO = "auto"
 
@@ -85,6 +89,48 @@ def _take_slot(folder: Path) -> tuple[int, Any]:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         return index, handle
+
+
+def mark_loaded() -> None:
+    """Note, for the other workers of ``--workers N``, that this one has loaded its project (nothing in a lone
+    process): ``loaded-<slot>`` holds the pid that its slot's lock file holds."""
+    folder = os.environ.get(SLOTS_ENV)
+    if not folder:
+        return
+    slot = worker_slot()
+    note = Path(folder) / f"loaded-{slot}"
+    partial = note.with_name(f"{note.name}.{os.getpid()}")
+    partial.write_text(str(os.getpid()))
+    partial.replace(note)  # a reader sees the whole note or the last one
+
+
+def workers_loaded() -> tuple[int, int]:
+    """(loaded, started) workers of ``--workers N``; (1, 1) in a lone process.
+
+    A worker counts while it lives (its slot's lock is held) and once the process holding that slot now has
+    noted it loaded: one that died and was replaced counts again only when its replacement has loaded.
+    """
+    folder = os.environ.get(SLOTS_ENV)
+    if not folder:
+        return 1, 1
+    import fcntl
+
+    started = int(os.environ.get(WORKERS_ENV) or 1)
+    loaded = 0
+    for slot in range(started):
+        try:
+            with open(Path(folder) / f"slot-{slot}.lock") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:  # held: its worker lives
+                    holder = handle.read().strip()
+                else:  # free: its worker died, or none has started yet (closing the file lets go of the lock)
+                    continue
+            if holder and (Path(folder) / f"loaded-{slot}").read_text() == holder:
+                loaded += 1
+        except FileNotFoundError:  # no worker has taken the slot, or none has loaded in it
+            continue
+    return loaded, started
 
 
 def visible_gpus() -> int:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from modelserve import devices
 from modelserve.api import Api
 from modelserve.api_metrics import ApiMetrics
 from modelserve.backends import make_backend
@@ -111,6 +112,16 @@ class ModelServer:
         """Every API ready but those unloaded (`--model-control explicit`), and the jobs service started."""
         return self.jobs_started and all(api.ready for api in self.all_apis() if api.state != "unloaded")
 
+    def workers_ready(self) -> tuple[bool, str]:
+        """(ready, why not) for this server's every process: `ready`, and with ``--workers N`` every worker
+        loaded (each worker answers ``/readyz``, and a loading one answers its APIs' requests 503)."""
+        if not self.ready:
+            return False, ""
+        loaded, started = devices.workers_loaded()
+        if loaded < started:
+            return False, f"loading: {loaded} of {started} workers have loaded"
+        return True, ""
+
     @property
     def started(self) -> bool:
         return self._loading is not None
@@ -155,6 +166,7 @@ class ModelServer:
             logger.error("%s", exc)
             self._failed(exc)
             return
+        devices.mark_loaded()
         if self.tune_collector_after_load:
             tune_collector()
 

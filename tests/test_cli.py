@@ -306,6 +306,64 @@ def test_two_workers_serve(tmp_path: Path, start_server: Any) -> None:
     assert server.stop() == 0
 
 
+def test_with_workers_readyz_waits_for_every_worker(tmp_path: Path, start_server: Any) -> None:
+    """Each worker answers /readyz for all of them: 503 while any still loads, since a loading worker answers
+    the API's requests 503 (each connection goes to whichever worker takes it). Before, a worker that had
+    loaded said 200 while its sibling was still loading."""
+    gate = tmp_path / "gate"
+    root = write_project(
+        tmp_path / "slow",
+        {
+            "model.py": f"""
+                import fcntl, os, time
+                from pathlib import Path
+
+                GATE = Path({str(gate)!r})
+
+                class Model:
+                    def load(self):
+                        self.first = open(GATE.with_name("first"), "a")
+                        try:
+                            fcntl.flock(self.first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        except OSError:  # the second worker to load waits for the test
+                            while not GATE.exists():
+                                time.sleep(0.05)
+
+                    def predict(self, inputs):
+                        return os.getpid()
+            """,
+        },
+    )
+    server = start_server(root, "--workers", "2")
+    # Until the loaded worker has taken a connection: its /readyz is asked on the connection it answered on.
+    seen: list[tuple[int, str]] = []
+    deadline = time.monotonic() + 60
+    while not any(code == 200 for code, _ in seen) and time.monotonic() < deadline:
+        with httpx.Client() as client:  # a new connection each time
+            try:
+                answer = client.post(server.url + "/model", json={})
+            except httpx.TransportError:  # not listening yet
+                time.sleep(0.1)
+                continue
+            assert answer.status_code in (200, 503), answer.text
+            if answer.status_code == 200:
+                ready = client.get(server.url + "/readyz")
+                seen.append((ready.status_code, ready.json().get("error", "")))
+    assert seen, "no worker loaded within 60 s"
+    assert seen[-1] == (503, "loading: 1 of 2 workers have loaded")
+
+    gate.touch()
+    server.wait_ready()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:  # from now on, no worker answers 503
+
+        def ask(_: int) -> int:
+            with httpx.Client() as client:
+                return client.post(server.url + "/model", json={}).status_code
+
+        assert set(pool.map(ask, range(48))) == {200}
+    assert server.stop() == 0
+
+
 def test_reload_restarts_on_a_change_and_ignores_modelserveignore(tmp_path: Path, start_server: Any) -> None:
     model = (
         "import os\nVERSION = {version}\n\n"

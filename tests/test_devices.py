@@ -56,6 +56,22 @@ def test_each_process_takes_the_lowest_free_slot_and_a_dead_one_frees_it(tmp_pat
     third_file.close()
 
 
+def test_a_worker_counts_as_loaded_while_it_lives_and_once_its_process_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(devices.SLOTS_ENV, str(tmp_path))
+    monkeypatch.setenv(devices.WORKERS_ENV, "3")
+    _, first = devices._take_slot(tmp_path)
+    _, second = devices._take_slot(tmp_path)  # the third worker has not started
+    assert devices.workers_loaded() == (0, 3)
+    (tmp_path / "loaded-0").write_text(str(os.getpid()))
+    (tmp_path / "loaded-1").write_text("999999")  # said by the process that held slot 1 before
+    assert devices.workers_loaded() == (1, 3)
+    first.close()  # the worker of slot 0 died: its note stays, its lock does not
+    assert devices.workers_loaded() == (0, 3)
+    second.close()
+
+
 def write_yaml(tmp_path: Path, text: str) -> Path:
     iris_onnx(tmp_path / "iris.onnx")
     model = "class Model:\n    def predict(self, x):\n        return x\n"

@@ -231,7 +231,7 @@ class InferenceServicer:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        return pb.ServerReadyResponse(ready=self.server.ready)
+        return pb.ServerReadyResponse(ready=self.server.workers_ready()[0])
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
         from modelserve import __version__

@@ -57,12 +57,14 @@ class ServerRoutes:
         await send_json(send, 200, {"status": "ok"}, request_headers(scope)[0])
 
     async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """200 once every API is ready and the jobs service (of async APIs) has started, else 503 naming the APIs
-        that failed (or else those still loading, or else the jobs store); either way ``apis`` gives each API's
-        state: ``loading``, ``ready`` or ``failed``."""
+        """200 once every API is ready and the jobs service (of async APIs) has started, in every worker of
+        ``--workers N``, else 503 naming the APIs that failed (or else those still loading, or else the jobs store,
+        or else how many workers have loaded); either way ``apis`` gives each API's state in the worker that
+        answers: ``loading``, ``ready`` or ``failed``."""
         request_id = request_headers(scope)[0]
         states = {name: api.state for name, api in self.server.apis.items()}
-        if self.server.ready:
+        ready, workers = self.server.workers_ready()
+        if ready:
             await send_json(send, 200, {"status": "ready", "apis": states}, request_id)
             return
         failed = [name for name, state in states.items() if state == "failed"]
@@ -73,6 +75,8 @@ class ServerRoutes:
             not_ready = ServiceUnavailable(f"loading: {', '.join(loading)}")
         elif self.server.jobs_error is not None:  # every API loaded, but the jobs store did not open
             not_ready = ServiceUnavailable(f"failed to start the jobs: {self.server.jobs_error}")
+        elif workers:  # this worker has loaded, another of --workers N has not
+            not_ready = ServiceUnavailable(workers)
         else:  # every API loaded; the jobs service is opening its store, then starts its workers
             not_ready = ServiceUnavailable("starting: the jobs store is opening")
         not_ready.extra = {"apis": states}

@@ -460,12 +460,13 @@ class V2Server:
 
     async def ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = sane_request_id(_headers(scope)[0])
-        if self.server.ready:
+        ready, workers = self.server.workers_ready()
+        if ready:
             await send_json(send, 200, {"ready": True}, request_id)
             return
         states = {name: api.state for name, api in self.server.apis.items()}
         failed = [name for name, state in states.items() if state == "failed"]
-        not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}" if failed else "loading")
+        not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}" if failed else workers or "loading")
         not_ready.extra = {"ready": False, "apis": states}
         await send_error(send, not_ready, request_id)
 
