@@ -392,6 +392,8 @@ def measure_cell(server: ServerProcess, script: Path, connections: int, seconds:
 
 
 def answers(url: str, payload: str | bytes, headers: dict[str, str]) -> bool:
+    if httpx.get(url + "/readyz", timeout=10).status_code == 503:  # modelserve: a worker is loading (floors: 404)
+        return False
     content_type = headers.get("Content-Type", "application/json")
     answer = httpx.post(url + "/model", content=payload, headers={"content-type": content_type}, timeout=10)
     return answer.status_code == 200
@@ -514,16 +516,26 @@ def main() -> None:
             payload, headers = body(model)
             script = write_wrk_script(root / f"{model}.lua", payload, headers)
             server_cpu, wrk_cpu = ("0", "1") if args.pin else (None, None)
-            started = [ServerProcess(name, command, cwd, server_cpu) for name, (command, cwd) in commands.items()]
+            started = [
+                ServerProcess(name, command, cwd, server_cpu, log=root / f"{model}-{name}.log")
+                for name, (command, cwd) in commands.items()
+            ]
             cells: dict[tuple[str, int], list[Cell]] = {}
             try:
                 for server in started:
                     server.wait_ready(partial(answers, payload=payload, headers=headers), timeout=300)
-                    wrk(server.url + "/model", script, max(levels), 1.0, wrk_cpu)  # warm up
+                    try:  # a model's first batches (a new shape each, on a GPU) are what the warm-up is for
+                        wrk(server.url + "/model", script, max(levels), 1.0, wrk_cpu)
+                    except RuntimeError as error:
+                        print(f"{model}/{server.name}: the warm-up was answered with errors:\n{error}")
+                        print(f"its log ends:\n{server.output()[-1500:]}")
                 for _ in range(args.repeats):
                     for connections in levels:
                         for server in started:
-                            cell = measure_cell(server, script, connections, args.duration, wrk_cpu)
+                            try:
+                                cell = measure_cell(server, script, connections, args.duration, wrk_cpu)
+                            except RuntimeError as error:
+                                raise RuntimeError(f"{model}/{server.name}: {error}\n{server.output()}") from None
                             cells.setdefault((server.name, connections), []).append(cell)
             finally:
                 for server in started:
