@@ -13,12 +13,17 @@ or ``redis-server`` is missing). For each:
   ``modelserve_jobs_total{status="completed"}`` (from ``/metrics``) counts them all: the end-to-end rate,
   submitting and running together. Beside it, the completion rate while wrk submitted and the rate at which
   the backlog drained afterwards.
+* **idle pick-up** (``--pickup`` jobs, 15 by default): jobs submitted one at a time to the idle server, each on
+  a new connection; the median and the longest time from the submit's answer to the job's start (the
+  handler's clock). The process that took a submit is woken by it; with ``--workers N`` another one may
+  claim the job first, at its next poll of the store (every 20 ms for SQLite and Redis).
 * **memory per retained result** (memory store only, ``--retained`` jobs, 100,000 by default): the server's
   RSS (``VmRSS`` of ``/proc/<pid>/status``) before submitting and once every job has completed, the
   difference divided by the number of jobs (their records are kept for ``result_ttl``, 7 days by default).
 
     python benchmarks/jobs.py [--duration 5] [--connections 64] [--retained 100000]
                               [--stores memory,sqlite,redis] [--max-concurrency 4] [--workers 1] [--pin]
+                              [--pickup 15]
 
 ``--pin`` (the default on machines with 2 or more cores) runs the server on CPU 0 and wrk (and redis-server)
 on CPU 1, so that the load generator does not steal the server's core. ``--workers 2`` serves the durable
@@ -47,8 +52,13 @@ REPO = Path(__file__).resolve().parent.parent
 BODY = '{"text": "hello world", "values": [1, 2, 3, 4], "flag": true}'
 
 HANDLER = """
+import time
+
+
 class Handler:
     def handle_async(self, payload):
+        if "pickup" in payload:  # the idle pick-up's jobs: when the job started
+            return {"started": time.time()}
         return payload
 """
 
@@ -102,6 +112,8 @@ class Row:
     drain: float | None = None
     jobs: int = 0
     note: str = ""
+    #: Milliseconds from a submit's answer to its job's start on an idle server (`pickup`).
+    pickup_ms: list[float] | None = None
 
 
 def rss_kib(pid: int) -> int:
@@ -237,6 +249,28 @@ def measure(server: Server, script: Path, args: argparse.Namespace, pin: str | N
     return Row("", submits, submitted / (ended - started), during, drain, submitted)
 
 
+def pickup(server: Server, count: int) -> list[float]:
+    """Milliseconds from each submit's answer to its job's start, `count` jobs submitted one at a time to the
+    idle server, each on a new connection (with ``--workers N``, to any worker: the one that took the submit is
+    woken by it, the others poll the store). Negative: the job started before the answer reached the client."""
+    delays = []
+    for n in range(count):
+        time.sleep(0.1)  # idle again
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            job_id = client.post("/echo", json={"pickup": n}).json()["id"]
+        answered = time.time()
+        deadline = time.monotonic() + 30
+        while True:
+            job = server.client.get(f"/echo/{job_id}").json()
+            if job["status"] == "completed":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job_id} did not complete within 30 s: {job}")
+            time.sleep(0.005)
+        delays.append((job["result"]["started"] - answered) * 1000)
+    return delays
+
+
 def retained_memory(project: Path, root: Path, count: int, pin: str | None, connections: int) -> tuple[float, int]:
     """Bytes of RSS per completed job kept by the memory store, and the RSS growth in KiB."""
     server = Server(project, "memory", 1, pin, root / "memory-retained.log")
@@ -285,6 +319,7 @@ def main() -> None:
     parser.add_argument("--max-concurrency", type=int, default=4, help="of the API (default 4)")
     parser.add_argument("--workers", type=int, default=1, help="server processes for sqlite and redis (default 1)")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="server on CPU 0, wrk on 1")
+    parser.add_argument("--pickup", type=int, default=15, help="jobs of the idle pick-up, one at a time (0 to skip)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
@@ -321,6 +356,8 @@ def main() -> None:
                 server.wait_ready()
                 row = measure(server, script, args, client_cpu)
                 row.store = label
+                if args.pickup:
+                    row.pickup_ms = pickup(server, args.pickup)
                 rows.append(row)
             finally:
                 server.stop()
@@ -349,6 +386,13 @@ def main() -> None:
             f"{row.store:<12}{s.rate:>10.0f}{s.p50_ms:>8.2f}{s.p99_ms:>8.2f}{row.jobs:>8}"
             f"{row.completions:>15.0f}{row.during:>19.0f}{row.drain:>11.0f}"
         )
+    picked = [row for row in rows if row.pickup_ms]
+    if picked:
+        print(f"\nidle pick-up, {args.pickup} jobs one at a time: ms from the submit's answer to the job's start")
+        print(f"{'store':<12}{'median':>8}{'max':>8}")
+        for row in picked:
+            delays = sorted(row.pickup_ms or [])
+            print(f"{row.store:<12}{delays[len(delays) // 2]:>8.1f}{delays[-1]:>8.1f}")
     if retained is not None:
         per_job, growth = retained
         print(
