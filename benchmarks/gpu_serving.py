@@ -20,6 +20,9 @@ Servers, each its own process on a free loopback port, access log off, taking tu
   what modelserve's own batched path costs a request beside the floor's; ``floor-batched-nomodel`` (the same
   way) is ``floor-batched`` with that ``predict``, what batching itself costs a request on the floor's stack.
 
+``--ops N`` splits the stand-in's 2 ms of GIL into N pieces, each followed by a call that lets go of the GIL and
+takes it back at once (``select`` with no timeout), as eager PyTorch does around each op it launches.
+
 Pinned by default (``--no-pin`` to stop it): the servers on CPU 0, wrk on CPU 1, so that a server's CPU is
 one core it does not share with the load generator, as for the issue's targets on 2 cores.
 
@@ -34,6 +37,7 @@ stand-in's cost model is printed under its table: per request, the floor's CPU, 
 the model's 2 ms of GIL per call divided by the batch size.
 
     python benchmarks/gpu_serving.py [--duration 3] [--repeats 3] [--concurrency 1,64,256] [--models standin]
+                                     [--ops 1]
 """
 
 from __future__ import annotations
@@ -56,19 +60,30 @@ import httpx
 from _harness import Run, ServerProcess, measure, median_run, paired_ratios, write_wrk_script, wrk
 
 STANDIN = '''
+import os
+import select
 import time
 
 import numpy as np
 
 WIDTH = 768
 ROW = np.random.default_rng(0).standard_normal(WIDTH).astype(np.float32)
+#: In how many pieces the 2 ms are held, each followed by a call that lets go of the GIL (--ops).
+OPS = int(os.environ.get("GPU_SERVING_OPS") or 1)
 
 
 def device_call():
     """One call of the stand-in: 2 ms holding the GIL, then 3 ms without it."""
-    end = time.perf_counter() + 0.002
-    while time.perf_counter() < end:
-        pass
+    if OPS > 1:  # as eager PyTorch launches: each op some Python, then C++ without the GIL
+        for _ in range(OPS):
+            end = time.perf_counter() + 0.002 / OPS
+            while time.perf_counter() < end:
+                pass
+            select.select([], [], [], 0)  # lets go of the GIL and takes it back, without sleeping
+    else:
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
     time.sleep(0.003)
 
 
@@ -486,6 +501,12 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=64, help="max_batch_size of the batched servers (default 64)")
     parser.add_argument(
+        "--ops",
+        type=int,
+        default=1,
+        help="the stand-in's 2 ms of GIL in this many pieces, each followed by a GIL release (default 1)",
+    )
+    parser.add_argument(
         "--pin",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -495,12 +516,13 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed (apt-get install wrk)")
     levels = [int(c) for c in args.concurrency.split(",")]
+    os.environ["GPU_SERVING_OPS"] = str(args.ops)  # read by the stand-in's module, here and in the servers
     cuda = has_cuda()
     models = args.models.split(",") if args.models else ["standin", *(["bert", "resnet"] if cuda else [])]
     print(
         f"gpu_serving: wrk {args.duration} s x {args.repeats} rounds, cpu={os.cpu_count()}, "
         f"load average {os.getloadavg()[0]:.1f}, python {sys.version.split()[0]}, "
-        f"pinned={'yes (servers on CPU 0, wrk on CPU 1)' if args.pin else 'no'}, "
+        f"pinned={'yes (servers on CPU 0, wrk on CPU 1)' if args.pin else 'no'}, stand-in ops={args.ops}, "
         f"cuda={'yes' if cuda else 'no (torch with CUDA not available: the stand-in only)'}\n"
     )
     with tempfile.TemporaryDirectory() as tmp:
