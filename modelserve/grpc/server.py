@@ -25,6 +25,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from modelserve import devices
 from modelserve.errors import LoadError
 from modelserve.grpc._proto import grpc_service_pb2 as pb
 from modelserve.grpc.servicer import MALFORMED, InferenceServicer
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("modelserve")
 
 SERVICE = "inference.GRPCInferenceService"
+#: How often, with ``--workers N``, a worker reads whether every worker has loaded (for the health service).
+WORKERS_POLL_S = 0.5
 
 
 #: The methods whose requests come with their size on the wire (`sized`).
@@ -143,6 +146,8 @@ class GrpcServer:
         server.repository.on_change.append(self.refresh)
         self._grpc: grpc.aio.Server | None = None
         self._watching: asyncio.Task[None] | None = None
+        #: What the health service last said of the server as a whole.
+        self._serving = False
 
     async def start(self) -> None:
         """Bind and serve; `LoadError` when the port cannot be bound."""
@@ -186,11 +191,18 @@ class GrpcServer:
     async def _follow_loading(self) -> None:
         await self.server.wait_loaded()
         await self._set_health()
+        if devices.workers_loaded()[1] > 1:
+            # With --workers N the server is ready once every worker has loaded (as /readyz and ServerReady say),
+            # and not while a dead worker's replacement loads: followed for the process's life.
+            while True:
+                await asyncio.sleep(WORKERS_POLL_S)
+                if self.server.workers_ready()[0] != self._serving:
+                    await self._set_health()
 
     async def _set_health(self) -> None:
-        """The health service's statuses, from the APIs' readiness now."""
+        """The health service's statuses, from the APIs' readiness now (the server's: in every worker)."""
         serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-        ready = self.server.ready
+        ready = self._serving = self.server.workers_ready()[0]
         for service in ("", SERVICE):
             await self.health.set(service, serving if ready else not_serving)
         for name in self.servicer.names():

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,14 @@ import yaml
 
 from tests.conftest import REPO, free_port, write_project
 from tests.http.test_repository import plus_onnx, versioned_project
+from tests.test_cli import second_worker_waits
 
+grpc = pytest.importorskip("grpc")
 grpcclient = pytest.importorskip("tritonclient.grpc")
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
+health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+health_pb2_grpc = pytest.importorskip("grpc_health.v1.health_pb2_grpc")
 
 
 def page(name: str) -> str:
@@ -39,6 +46,41 @@ def test_the_grpc_page_snippets_against_the_iris_onnx_example(start_server: Any)
     exec(compile(code, "docs/grpc.md", "exec"), namespace)  # noqa: S102 - our own docs
     assert namespace["result"].as_numpy("label").tolist() == [0]
     namespace["client"].close()
+
+
+def test_with_workers_server_ready_and_health_wait_for_every_worker(start_server: Any, tmp_path: Path) -> None:
+    """With --workers N every worker serves the gRPC port: ServerReady and the health service say ready only
+    once every worker has loaded, as /readyz does. Before, a worker that had loaded said so alone."""
+    root, gate = second_worker_waits(tmp_path)
+    port = free_port()
+    server = start_server(root, "--workers", "2", "--grpc-port", str(port))
+    serving = health_pb2.HealthCheckResponse.SERVING
+
+    def asked() -> tuple[bool, int, bool] | None:
+        """On a new connection (so to either worker): (its model ready, the health of "", ServerReady)."""
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                ready = stub.ModelReady(service_pb2.ModelReadyRequest(name="model"), timeout=5).ready
+                health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                return ready, health.status, stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=5).ready
+            except grpc.RpcError:  # not listening yet
+                return None
+
+    answer = None
+    deadline = time.monotonic() + 60
+    while (answer is None or not answer[0]) and time.monotonic() < deadline:  # until the loaded worker answers
+        answer = asked()
+    assert answer == (True, health_pb2.HealthCheckResponse.NOT_SERVING, False)
+
+    gate.touch()
+    server.wait_ready()
+    deadline = time.monotonic() + 30  # each worker reads the others' state twice a second
+    streak = 0  # answers in a row, new connections each, from either worker
+    while streak < 10:
+        assert time.monotonic() < deadline, answer
+        answer = asked()
+        streak = streak + 1 if answer == (True, serving, True) else 0
 
 
 def test_model_control_explicit_from_the_command_line(start_server: Any, tmp_path: Path) -> None:
