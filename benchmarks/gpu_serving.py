@@ -15,7 +15,7 @@ Servers, each its own process on a free loopback port, access log off, taking tu
   reference for how much of the floor a batched server can keep with this model;
 * ``unbatched``: ``python -m modelserve`` with the stand-in called once per request;
 * ``batched``: ``batching: {max_batch_size: 64, max_wait_ms: 0}``;
-* ``batched-w2``: the same with ``--workers 2``;
+* ``batched-w2``: the same with ``--workers 2`` (``batched-w4``, only when named in ``--servers``: ``--workers 4``);
 * ``batched-nomodel`` (only when named in ``--servers``): ``batched`` with a ``predict`` that costs nothing,
   what modelserve's own batched path costs a request beside the floor's; ``floor-batched-nomodel`` (the same
   way) is ``floor-batched`` with that ``predict``, what batching itself costs a request on the floor's stack.
@@ -325,6 +325,10 @@ def servers(root: Path, model: str, batch: int) -> dict[str, tuple[list[str], Pa
             [*modelserve, str(project(base, "batched2", source, "Batched", batch)), *flags, "--workers", "2"],
             base,
         ),
+        "batched-w4": (
+            [*modelserve, str(project(base, "batched4", source, "Batched", batch)), *flags, "--workers", "4"],
+            base,
+        ),
         **(
             {
                 "batched-nomodel": (
@@ -402,8 +406,9 @@ def measure_cell(server: ServerProcess, script: Path, connections: int, seconds:
     run = measure(server, server.url + "/model", script, connections, seconds, pin)
     after = batches(server)
     count = after[1] - before[1]
-    # With --workers 2 each scrape reads one worker: the difference of two scrapes means nothing.
-    return Cell(run, (after[0] - before[0]) / count if count > 0 and not server.name.endswith("w2") else 0.0)
+    # With --workers N each scrape reads one worker: the difference of two scrapes means nothing.
+    workers = re.search(r"-w\d+$", server.name) is not None
+    return Cell(run, (after[0] - before[0]) / count if count > 0 and not workers else 0.0)
 
 
 def answers(url: str, payload: str | bytes, headers: dict[str, str]) -> bool:
