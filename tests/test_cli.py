@@ -369,6 +369,53 @@ def test_with_workers_readyz_waits_for_every_worker(tmp_path: Path, start_server
     assert server.stop() == 0
 
 
+def test_with_workers_readyz_is_503_while_a_dead_workers_replacement_loads(tmp_path: Path, start_server: Any) -> None:
+    """uvicorn starts a worker again when one dies: until the new one has loaded, the survivor's /readyz is 503
+    too (the dead worker's note of having loaded is not the new one's)."""
+    gate = tmp_path / "gate"
+    root = write_project(
+        tmp_path / "restarted",
+        {
+            "model.py": f"""
+                import os, time
+                from pathlib import Path
+
+                GATE = Path({str(gate)!r})
+
+                class Model:
+                    def load(self):
+                        while GATE.with_name("hold").exists() and not GATE.exists():  # the test holds it
+                            time.sleep(0.05)
+
+                    def predict(self, inputs):
+                        return os.getpid()
+            """,
+        },
+    )
+    server = start_server(root, "--workers", "2")
+    server.wait_ready()
+    victim = httpx.post(server.url + "/model", json={}).json()
+    (tmp_path / "hold").touch()  # the replacement waits in load() for the gate
+    os.kill(victim, signal.SIGKILL)
+    errors: set[str] = set()
+    deadline = time.monotonic() + 60
+    while "loading: 1 of 2 workers have loaded" not in errors and time.monotonic() < deadline:
+        try:
+            with httpx.Client() as client:  # a new connection each time, so either worker answers
+                answer = client.get(server.url + "/readyz")
+        except httpx.TransportError:  # taken by the worker as it was killed
+            continue
+        assert answer.status_code == 503 or not errors, answer.text  # never ready again before the gate opens
+        if answer.status_code == 503:
+            errors.add(answer.json()["error"])
+        time.sleep(0.05)
+    assert "loading: 1 of 2 workers have loaded" in errors, errors
+    gate.touch()
+    server.wait_ready()
+    assert victim not in {httpx.post(server.url + "/model", json={}, headers={"connection": "close"}).json()}
+    assert server.stop() == 0
+
+
 def test_reload_restarts_on_a_change_and_ignores_modelserveignore(tmp_path: Path, start_server: Any) -> None:
     model = (
         "import os\nVERSION = {version}\n\n"
