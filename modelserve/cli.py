@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from modelserve.jobs import STORE_CHOICES
+from modelserve.jobs import STORE_CHOICES, store_kind
 from modelserve.launch import (
     ENV_SETTINGS,
     EXIT_LOAD,
@@ -93,6 +93,22 @@ def path(text: str) -> str:
     return os.path.normpath(caller_dir() / os.path.expanduser(text))
 
 
+def host(text: str) -> str:
+    """An argparse ``type`` for ``--host``: a name or address. An empty one is refused: bound as it is, it
+    would mean every interface, the opposite of what a user who left it blank is likely to want."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a host name or address (127.0.0.1, 0.0.0.0, ::1), got {text!r}")
+    return text
+
+
+def jobs_store(text: str) -> str:
+    """An argparse ``type`` for ``--jobs-store``: checked here, so that a typo is refused even when the project
+    has no async API yet (it would be ignored until one is added)."""
+    if store_kind(text) is None:
+        raise argparse.ArgumentTypeError(f"expected {STORE_CHOICES}, got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     from modelserve import __version__
 
@@ -106,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=path,
         help="folder holding modelserve.yaml (or a model.py with a class Model, a Truss, a cortex.yaml)",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--host", type=host, default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument(
         "--port",
         type=number(int, 1, 65535),
@@ -156,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send OpenTelemetry traces to the collector of OTEL_EXPORTER_OTLP_ENDPOINT (needs the 'tracing' extra)",
     )
-    parser.add_argument("--jobs-store", default=None, help=f"override the jobs store: {STORE_CHOICES}")
+    parser.add_argument("--jobs-store", type=jobs_store, default=None, help=f"override the jobs store: {STORE_CHOICES}")
     parser.add_argument(
         "--secrets-dir",
         type=path,

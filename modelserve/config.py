@@ -7,6 +7,7 @@ what was expected and what was found, so that a user fixes the whole file in one
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -276,8 +277,19 @@ def _non_negative_int(value: Any) -> int:
     return value
 
 
+def _finite(value: Any) -> bool:
+    """An int or a finite float: YAML's ``.nan`` and ``.inf`` are floats, and a NaN timeout would never fire
+    (nor an infinite batching wait end), silently; they are refused as the command line refuses them."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond a float's range (400 digits): no number of seconds is that long
+        return False
+
+
 def _positive_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if not _finite(value) or value <= 0:
         raise _Invalid("a number > 0")
     return float(value)
 
@@ -294,7 +306,7 @@ def _queue_wait(value: Any) -> float | str | None:
 
 
 def _non_negative_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not _finite(value) or value < 0:
         raise _Invalid("a number >= 0")
     return float(value)
 

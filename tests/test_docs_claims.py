@@ -1,0 +1,128 @@
+"""What docs/cli.md and docs/configuration.md promise about bad values, where no other test held them to it:
+every bad option or key is refused before anything is served (exit 2, a line naming it, no traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modelserve.cli import main
+from modelserve.config import load_project_config
+from modelserve.errors import ConfigError
+from tests.conftest import REPO, write_project
+
+MODEL = """
+class Model:
+    def predict(self, inputs):
+        return inputs
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A realtime-only project: no async API, so nothing but the command line itself can refuse --jobs-store."""
+    return write_project(tmp_path_factory.mktemp("docs-claims") / "project", {"model.py": MODEL})
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        # Bound as it is, an empty host means every interface.
+        ("--host", "", "a host name or address"),
+        ("--host", "  ", "a host name or address"),
+        # Ignored until an async API is added, then refused: refused at once instead.
+        ("--jobs-store", "bogus", "sqlite, memory or a redis:// URL"),
+        ("--jobs-store", "", "sqlite, memory or a redis:// URL"),
+        ("--jobs-store", "sqlite://jobs.db", "sqlite, memory or a redis:// URL"),
+        ("--jobs-store", "http://cache:6379", "sqlite, memory or a redis:// URL"),
+    ],
+)
+def test_a_bad_option_value_exits_2_naming_the_option(
+    project: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, expected: str
+) -> None:
+    assert main([str(project), option, value, "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"modelserve: error: argument {option}: expected {expected}" in err
+    assert f"got {value!r}" in err
+
+
+@pytest.mark.parametrize("value", ["sqlite", "memory", "redis://localhost:6379/0", "rediss://cache:6380", "unix:///r"])
+def test_the_documented_jobs_stores_are_accepted(value: str) -> None:
+    from modelserve.cli import build_parser
+
+    assert build_parser().parse_args(["project", "--jobs-store", value]).jobs_store == value
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1", "0.0.0.0", "::1", "localhost"])
+def test_the_documented_hosts_are_accepted(value: str) -> None:
+    from modelserve.cli import build_parser
+
+    assert build_parser().parse_args(["project", "--host", value]).host == value
+
+
+def test_a_bad_jobs_store_is_refused_by_the_command_without_serving(project: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "modelserve", str(project), "--jobs-store", "bogus", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(REPO),
+    )
+    assert result.returncode == 2, result.stderr
+    assert "argument --jobs-store: expected" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+#: The number keys of an API (docs/configuration.md) and a YAML line of each, ``{}`` where the value goes.
+NUMBER_KEYS = {
+    "timeout": "timeout: {}",
+    "max_queue_wait": "max_queue_wait: {}",
+    "websocket_idle_timeout": "websocket_idle_timeout: {}",
+    "max_wait_ms": "batching: {{max_batch_size: 4, max_wait_ms: {}}}",
+}
+
+
+@pytest.mark.parametrize("key", list(NUMBER_KEYS))
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1" + "0" * 400])
+def test_a_number_key_refuses_nan_infinity_and_overflow(tmp_path: Path, key: str, value: str) -> None:
+    """A NaN timeout never fired and an infinite max_wait_ms held a lone request forever; a 400-digit integer
+    was a traceback (float() overflows)."""
+    line = NUMBER_KEYS[key].format(value)
+    write_project(
+        tmp_path,
+        {"model.py": MODEL, "modelserve.yaml": f"apis:\n- {{name: a, handler: {{path: model.py}}, {line.strip()}}}\n"},
+    )
+    with pytest.raises(ConfigError, match=f"api 'a'.*key '{key}': expected"):
+        load_project_config(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1.0e+300", 1e300), ("1.0e+3", 1000.0), ("1e3", None), ("1.0e3", None)])
+def test_scientific_notation_needs_a_dot_and_a_signed_exponent(
+    tmp_path: Path, text: str, seconds: float | None
+) -> None:
+    """What docs/configuration.md says of YAML 1.1: ``1e3`` is a string, refused as one (never taken as 1000)."""
+    yaml = f"apis:\n- {{name: a, handler: {{path: model.py}}, timeout: {text}}}\n"
+    write_project(tmp_path, {"model.py": MODEL, "modelserve.yaml": yaml})
+    if seconds is None:
+        with pytest.raises(ConfigError, match=f"key 'timeout': expected a number > 0, got '{text}' \\(str\\)"):
+            load_project_config(tmp_path)
+    else:
+        assert load_project_config(tmp_path).apis[0].timeout == seconds
+
+
+def test_an_infinite_batching_wait_is_refused_by_the_command(tmp_path: Path) -> None:
+    yaml = "apis:\n- name: a\n  handler: {path: model.py}\n  batching: {max_batch_size: 4, max_wait_ms: .inf}\n"
+    root = write_project(tmp_path, {"model.py": MODEL, "modelserve.yaml": yaml})
+    result = subprocess.run(
+        [sys.executable, "-m", "modelserve", str(root), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(REPO),
+    )
+    assert result.returncode == 2, result.stderr
+    assert "api 'a', batching: key 'max_wait_ms': expected a number >= 0, got inf (float)" in result.stderr
+    assert "Traceback" not in result.stderr
