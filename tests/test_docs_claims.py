@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from modelserve.cli import main
@@ -126,3 +129,50 @@ def test_an_infinite_batching_wait_is_refused_by_the_command(tmp_path: Path) -> 
     assert result.returncode == 2, result.stderr
     assert "api 'a', batching: key 'max_wait_ms': expected a number >= 0, got inf (float)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+LOGGING_MODEL = """
+import logging
+
+logger = logging.getLogger("userlib")
+
+
+class Model:
+    def predict(self, inputs):
+        logger.debug("user-debug-line %s", inputs)
+        return inputs
+"""
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Any]:
+    from tests.tracing.receiver import Receiver
+
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, receiver: Any, start_server_module: Any) -> Any:
+    """One server for the options that only a served request shows: ``--tracing`` (the flag alone, with no
+    ``MODELSERVE_TRACING`` and no ``tracing:`` key) and ``--log-level debug`` reaching user code's loggers. The
+    receiver comes first, so that it outlives the server (whose exporter would retry a closed one at the exit)."""
+    from tests.tracing.receiver import env
+
+    root = write_project(tmp_path_factory.mktemp("served") / "project", {"model.py": LOGGING_MODEL})
+    environment = {key: value for key, value in env(receiver).items() if key != "MODELSERVE_TRACING"}
+    server = start_server_module(root, "--tracing", "--log-level", "debug", env=environment)
+    server.wait_ready()
+    return server
+
+
+def test_tracing_flag_sends_the_spans_to_the_collector(served: Any, receiver: Any) -> None:
+    request_id = "docs-claims-traced"
+    assert httpx.post(f"{served.url}/model", json=7, headers={"X-Request-ID": request_id}).json() == 7
+    receiver.wait_for(lambda spans: [s for s in spans if s.kind == 2 and s.attributes.get("http.route") == "/model"])
+
+
+def test_log_level_applies_to_the_root_logger_too(served: Any) -> None:
+    assert httpx.post(f"{served.url}/model", json="logged-value").status_code == 200
+    assert "user-debug-line logged-value" in served.log  # logged before the answer was sent
