@@ -280,6 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print("modelserve: error: --load-model needs --model-control explicit", file=sys.stderr)
         return EXIT_USAGE
+    if args.grpc_port is not None and args.grpc_port == args.port:
+        parser.print_usage(sys.stderr)
+        print(f"modelserve: error: --grpc-port and --port are both {args.port}; give them two ports", file=sys.stderr)
+        return EXIT_USAGE
     if args.grpc_port is not None and args.ssl_keyfile_password_env is not None:
         parser.print_usage(sys.stderr)
         print("modelserve: error: --grpc-port serves TLS with an unencrypted private key only", file=sys.stderr)
@@ -337,6 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_LOAD
     warn_exposed(args.host, app.server.project.auth is not None, bool(ssl_kwargs))
+    if args.grpc_port is not None:
+        try:
+            _probe_grpc_port(args.host, args.grpc_port)
+        except OSError as exc:
+            print(f"modelserve: error: {exc}", file=sys.stderr)
+            return EXIT_ADDRESS
 
     from modelserve.http._protocol import TransportConfig, TransportLimits
 
@@ -421,6 +431,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("modelserve: error: a worker failed to load the project; see the log above", file=sys.stderr)
         return EXIT_LOAD
     return EXIT_OK
+
+
+def _probe_grpc_port(host: str, port: int) -> None:
+    """`OSError` naming the address when gRPC could not listen on it (a port in use), so that it exits 4 as the
+    HTTP port does, before any model loads; gRPC itself binds once the app starts, when a failure is a load
+    error. Bound and closed with SO_REUSEADDR, as gRPC binds: a port in TIME_WAIT is free to both."""
+    import socket
+
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {shown} (--grpc-port): {exc.strerror or exc}") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+                probe.listen()
+            except OSError as exc:
+                raise OSError(f"cannot listen on {shown} (--grpc-port): {exc.strerror or exc}") from None
 
 
 def _container_command(argv: list[str]) -> int:

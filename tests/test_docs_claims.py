@@ -3,6 +3,7 @@ every bad option or key is refused before anything is served (exit 2, a line nam
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 from modelserve.cli import main
 from modelserve.config import load_project_config
 from modelserve.errors import ConfigError
-from tests.conftest import REPO, write_project
+from tests.conftest import REPO, free_port, write_project
 
 MODEL = """
 class Model:
@@ -77,6 +78,33 @@ def test_a_bad_jobs_store_is_refused_by_the_command_without_serving(project: Pat
     assert result.returncode == 2, result.stderr
     assert "argument --jobs-store: expected" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_grpc_port_equal_to_port_exits_2(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both bound the same port (gRPC binds while uvicorn's socket is not yet listening): gRPC took every
+    connection and HTTP was served nowhere, silently."""
+    assert main([str(project), "--port", "18888", "--grpc-port", "18888"]) == 2
+    assert "modelserve: error: --grpc-port and --port are both 18888" in capsys.readouterr().err
+
+
+def test_a_grpc_port_in_use_exits_4_before_any_model_loads(tmp_path: Path) -> None:
+    """docs/cli.md's exit code 4: "the address cannot be listened on (a port in use...), before any model
+    loads"; the gRPC port was found taken only once the app started: exit 3, after the loading began."""
+    root = write_project(tmp_path, {"model.py": MODEL})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        grpc_port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "modelserve", str(root), "--port", str(free_port()), "--grpc-port", str(grpc_port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=str(REPO),
+        )
+    assert result.returncode == 4, result.stderr
+    assert f"modelserve: error: cannot listen on 127.0.0.1:{grpc_port} (--grpc-port):" in result.stderr
+    assert "is loading" not in result.stderr and "Traceback" not in result.stderr
 
 
 #: The number keys of an API (docs/configuration.md) and a YAML line of each, ``{}`` where the value goes.
