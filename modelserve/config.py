@@ -255,7 +255,11 @@ class ProjectConfig:
 
 
 class _Invalid(Exception):
-    pass
+    """What was expected; `found`, when given, names the bad item of a list in place of the whole value."""
+
+    def __init__(self, expected: str, found: str | None = None) -> None:
+        super().__init__(expected)
+        self.found = found
 
 
 def _describe(value: Any) -> str:
@@ -380,7 +384,7 @@ def _env_name(value: Any) -> str:
 def check_origin(origin: str) -> str:
     """`origin` as browsers send it (``https://app.example.com:8443``, or ``*``); `_Invalid` says why not."""
     if origin != "*" and not _ORIGIN_RE.match(origin):
-        raise _Invalid(f"an origin like 'https://app.example.com' (scheme, host, port; no path), got {origin!r}")
+        raise _Invalid("an origin like 'https://app.example.com' (scheme, host, port; no path)", repr(origin))
     return origin
 
 
@@ -407,9 +411,9 @@ def check_host_pattern(pattern: str) -> str:
     ``example.com``, ``[::1]``; no scheme and no port."""
     bracketed = pattern.startswith("[") and pattern.endswith("]")
     if "*" in pattern[1:] or (pattern.startswith("*") and pattern != "*" and not pattern.startswith("*.")):
-        raise _Invalid(f"a host name; wildcards must be like '*.example.com', got {pattern!r}")
+        raise _Invalid("a host name; wildcards must be like '*.example.com'", repr(pattern))
     if ("/" in pattern or ":" in pattern) and not bracketed:
-        raise _Invalid(f"a host name without scheme or port (the port is not checked), got {pattern!r}")
+        raise _Invalid("a host name without scheme or port (the port is not checked)", repr(pattern))
     return pattern
 
 
@@ -450,7 +454,8 @@ class _Problems:
         try:
             return check(value)
         except _Invalid as exc:
-            self.add(where, f"key '{key}': expected {exc}, got {_describe(value)}")
+            found = exc.found if exc.found is not None else _describe(value)
+            self.add(where, f"key '{key}': expected {exc}, got {found}")
             return default
 
     def unknown_keys(self, section: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -669,10 +674,12 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
         return None
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        problems.add(
-            f"api #{index + 1}",
-            f"key 'name': expected a URL segment (letters, digits, '-', '_', '.'), got {_describe(name)}",
-        )
+        segment = "a URL segment (letters, digits, '-', '_', '.')"
+        if isinstance(name, str) and _NAME_RE.match(name[:64]):
+            segment = "a URL segment of at most 64 characters"
+        elif isinstance(name, str) and name and _NAME_RE.match("a" + name[1:]):
+            segment = "a URL segment that starts with a letter or a digit"
+        problems.add(f"api #{index + 1}", f"key 'name': expected {segment}, got {_describe(name)}")
         name = f"#{index + 1}"
     elif name in RESERVED_NAMES:
         problems.add(f"api '{name}'", f"key 'name': {name!r} is reserved for the server's own routes")
@@ -882,7 +889,7 @@ def apply_command_line(project: ProjectConfig, api_key_env: str | None, cors_ori
         try:
             check_origin(origin)
         except _Invalid as exc:
-            problems.add("--cors-origin", f"expected {exc}")
+            problems.add("--cors-origin", f"expected {exc}, got {exc.found}")
     problems.raise_if_any()
     if cors_origins:
         project.cors = project.cors or CorsConfig()

@@ -144,6 +144,64 @@ def test_scientific_notation_needs_a_dot_and_a_signed_exponent(
         assert load_project_config(tmp_path).apis[0].timeout == seconds
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("_x", "expected a URL segment that starts with a letter or a digit, got '_x' (str)"),
+        ("a" * 65, "expected a URL segment of at most 64 characters, got 'aaaa"),
+        ("a b", "expected a URL segment (letters, digits, '-', '_', '.'), got 'a b' (str)"),
+        ("''", "expected a URL segment (letters, digits, '-', '_', '.'), got '' (str)"),
+    ],
+)
+def test_an_api_name_says_which_rule_it_breaks(tmp_path: Path, name: str, expected: str) -> None:
+    """docs/configuration.md's `name` row: a letter or digit first, at most 64 characters (both were refused as
+    if a character were wrong)."""
+    write_project(
+        tmp_path, {"model.py": MODEL, "modelserve.yaml": f"apis:\n- {{name: {name}, handler: {{path: model.py}}}}\n"}
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_project_config(tmp_path)
+    assert f"api #1: key 'name': {expected}" in str(refused.value)
+
+
+def test_a_64_character_name_is_served_by_name(tmp_path: Path) -> None:
+    name = "a" * 63 + "9"
+    write_project(
+        tmp_path, {"model.py": MODEL, "modelserve.yaml": f"apis:\n- {{name: {name}, handler: {{path: model.py}}}}\n"}
+    )
+    assert load_project_config(tmp_path).apis[0].name == name
+
+
+@pytest.mark.parametrize(
+    ("yaml", "expected"),
+    [
+        (
+            "allowed_hosts: [example.com, 'http://x']",
+            "top level: key 'allowed_hosts': expected a host name without scheme or port (the port is not checked),"
+            " got 'http://x'\n",
+        ),
+        (
+            "allowed_hosts: ['a*.example.com']",
+            "top level: key 'allowed_hosts': expected a host name; wildcards must be like '*.example.com',"
+            " got 'a*.example.com'\n",
+        ),
+        (
+            "cors: {allow_origins: ['https://ok.example', 'app.example']}",
+            "cors: key 'allow_origins': expected an origin like 'https://app.example.com' (scheme, host, port;"
+            " no path), got 'app.example'\n",
+        ),
+    ],
+)
+def test_a_bad_item_of_a_list_is_named_once(tmp_path: Path, yaml: str, expected: str) -> None:
+    """The item that is wrong, then (it said ``got 'http://x', got ['example.com', 'http://x'] (list)``) not
+    the whole list again."""
+    text = f"{yaml}\napis:\n- {{name: a, handler: {{path: model.py}}}}\n"
+    write_project(tmp_path, {"model.py": MODEL, "modelserve.yaml": text})
+    with pytest.raises(ConfigError) as refused:
+        load_project_config(tmp_path)
+    assert expected in str(refused.value) + "\n"
+
+
 def test_an_infinite_batching_wait_is_refused_by_the_command(tmp_path: Path) -> None:
     yaml = "apis:\n- name: a\n  handler: {path: model.py}\n  batching: {max_batch_size: 4, max_wait_ms: .inf}\n"
     root = write_project(tmp_path, {"model.py": MODEL, "modelserve.yaml": yaml})
