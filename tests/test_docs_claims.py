@@ -67,6 +67,19 @@ def test_the_documented_hosts_are_accepted(value: str) -> None:
     assert build_parser().parse_args(["project", "--host", value]).host == value
 
 
+def test_a_path_option_expands_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cli.md: PROJECT_DIR, --secrets-dir, --ssl-certfile and --ssl-keyfile expand ``~``."""
+    from modelserve.cli import build_parser
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(
+        ["~/project", "--secrets-dir", "~/secrets", "--ssl-certfile", "~/cert.pem", "--ssl-keyfile", "~/key.pem"]
+    )
+    assert (args.project_dir, args.secrets_dir, args.ssl_certfile, args.ssl_keyfile) == tuple(
+        str(tmp_path / name) for name in ("project", "secrets", "cert.pem", "key.pem")
+    )
+
+
 def test_a_bad_jobs_store_is_refused_by_the_command_without_serving(project: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "modelserve", str(project), "--jobs-store", "bogus", "--port", "1"],
