@@ -3,6 +3,7 @@ every bad option or key is refused before anything is served (exit 2, a line nam
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -275,3 +276,43 @@ def test_tracing_flag_sends_the_spans_to_the_collector(served: Any, receiver: An
 def test_log_level_applies_to_the_root_logger_too(served: Any) -> None:
     assert httpx.post(f"{served.url}/model", json="logged-value").status_code == 200
     assert "user-debug-line logged-value" in served.log  # logged before the answer was sent
+
+
+DOCS = REPO / "docs" / "configuration.md"
+
+
+def fenced_blocks(text: str) -> list[str]:
+    return re.findall(r"^```\w*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def test_the_example_of_the_configuration_page_is_valid_as_its_comments_say(tmp_path: Path) -> None:
+    example = fenced_blocks(DOCS.read_text(encoding="utf-8"))[0]
+    write_project(tmp_path, {"model.py": MODEL, "modelserve.yaml": example})
+    api = load_project_config(tmp_path).apis[0]
+    assert (api.name, api.kind, api.handler and api.handler.class_name) == ("iris", "realtime", "Model")
+    assert api.handler is not None and api.handler.config == {"labels": ["setosa", "versicolor", "virginica"]}
+    assert (api.max_concurrency, api.max_queue_length, api.timeout, api.max_body_size) == (1, 100, 60, 10 * 1024**2)
+
+
+def test_the_validation_sample_is_what_the_command_prints(tmp_path: Path) -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    sample = fenced_blocks(text[text.index("## Validation") :])[0]
+    yaml = """
+        apis:
+          - name: iris
+            handler: {path: modle.py}
+            max_concurrency: two
+          - name: echo
+            handler: {path: model.py}
+            timout: 5
+    """
+    root = write_project(tmp_path / "iris", {"model.py": MODEL, "modelserve.yaml": yaml})
+    result = subprocess.run(
+        [sys.executable, "-m", "modelserve", str(root)], capture_output=True, text=True, timeout=60, cwd=str(REPO)
+    )
+    assert result.returncode == 2
+    printed = result.stderr.splitlines()
+    expected = sample.replace("/srv/iris", str(root)).splitlines()
+    assert len(printed) == len(expected), result.stderr
+    for got, line in zip(printed, expected, strict=True):
+        assert got.startswith(line.removesuffix(", ...)")), (got, line)
