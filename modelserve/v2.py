@@ -229,9 +229,12 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
     if offset != len(body):
         raise BadRequest(f"{len(body) - offset} bytes of binary data after the inputs belong to no input")
     request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        # The protocol's id is a string (Triton and MLServer refuse others): echoed as given, never as a repr.
+        raise BadRequest(f"'id' must be a string, got {type(request_id).__name__}")
     outputs = header.get("outputs")
     return InferRequest(
-        str(request_id) if request_id is not None else None,
+        request_id,
         inputs,
         _requested_outputs(outputs) if outputs is not None else None,
         bool(parameters.get("binary_data_output", False)) if parameters else False,

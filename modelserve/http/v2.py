@@ -452,7 +452,9 @@ class V2Server:
             version = tail.split("/")[1]
             error = NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
         else:
-            error = NotFound(f"no V2 route at {scope['path']}; the model '{name}' has metadata, ready, infer and stats")
+            error = NotFound(
+                f"no V2 route at {scope['path']}; the model '{name}' has metadata, ready, infer, stats and config"
+            )
         await send_error(send, error, sane_request_id(_headers(scope)[0]))
 
     async def live(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -536,7 +538,7 @@ class V2Versions:
         handler = {"": model.metadata, "ready": model.ready, "stats": model.stats, "config": model.config}.get(route)
         if handler is None:
             error = NotFound(
-                f"no V2 route at {scope['path']}; the model '{self.name}' has metadata, ready, stats and config"
+                f"no V2 route at {scope['path']}; the model '{self.name}' has metadata, ready, infer, stats and config"
             )
             await send_error(send, error, sane_request_id(_headers(scope)[0]))
             return
@@ -579,11 +581,13 @@ class V2Repository:
         request_id = sane_request_id(_headers(scope)[0])
         try:
             body = await read_body(receive, _SMALL_BODY, None)
-            ready = bool(_json_object(body).get("ready", False))
+            ready = _json_object(body).get("ready")
+            if ready is not None and type(ready) is not bool:  # bool("false") is true
+                raise BadRequest(f"'ready' must be true or false, got {type(ready).__name__}")
         except Exception as exc:
             await send_error(send, exc, request_id)
             return
-        await send_json(send, 200, self.repository.index(ready), request_id)
+        await send_json(send, 200, self.repository.index(bool(ready)), request_id)
 
     async def control(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = sane_request_id(_headers(scope)[0])
