@@ -321,6 +321,9 @@ class _Endpoint:
 
 
 _FAILED = object()
+#: The status a `/<api>/ws` session that ended before its message is counted with, by the server's close code
+#: (the message was too large, the idle bound passed); a client's close is a 499.
+_NO_MESSAGE = {TOO_BIG: 413, GOING_AWAY: 408}
 #: The status a WebSocket session is counted with when it ended as it should (its handshake's).
 SWITCHED = 101
 
@@ -371,8 +374,10 @@ class ApiWebSocket(_Endpoint):
         except BaseException:
             self.api.unadmit(0)
             raise
-        if message["type"] == "websocket.disconnect":
+        if message["type"] == "websocket.disconnect":  # before its message: no call, but a session to count
             self.api.unadmit(0)
+            status = _NO_MESSAGE.get(message.get("code", 0), 499) if session.closed else 499
+            self.answered(scope, session, status, started, request_id)
             return
         traced, session.trace = session.trace, None  # the one message handled: `_Closed`'s reads are not
         session.idle = math.inf  # the call's own bound is the API's timeout; a stream's chunks are sent as made
