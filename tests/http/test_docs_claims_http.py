@@ -9,7 +9,29 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, write_project
+
+MODEL = """
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Point:
+    x: int
+
+
+class Model:
+    def predict(self, inputs):
+        nan = float("nan")
+        return {"nan": nan, "inf": float("inf"), "array": np.array([nan, -np.inf, 1.5]), "f32": np.float32(nan)}
+
+
+class Typed:
+    def predict(self, inputs: Point):
+        return {"x": inputs.x}
+"""
 
 ROW = {"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [5.1, 3.5, 1.4, 0.2]}
 
@@ -158,3 +180,45 @@ def test_native_route_other_methods_are_a_json_405_with_allow(client: httpx.Clie
     answer = client.request(method, "/iris")
     assert_error(answer, 405, f"method {method} is not allowed on /iris")
     assert answer.headers["allow"] == "GET, HEAD, POST"
+
+
+@pytest.fixture(scope="module")
+def own(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    apis = """
+    apis:
+      - name: nan
+        handler: {path: model.py, class: Model}
+      - name: typed
+        handler: {path: model.py, class: Typed}
+    """
+    project = write_project(tmp_path_factory.mktemp("docs-http") / "p", {"model.py": MODEL, "modelserve.yaml": apis})
+    server = start_server_module(project)
+    server.wait_ready()
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        yield client
+
+
+def test_nan_and_infinities_are_answered_as_null(own: httpx.Client) -> None:
+    answer = own.post("/nan", json={})
+    assert answer.status_code == 200
+    assert answer.json() == {"nan": None, "inf": None, "array": [None, None, 1.5], "f32": None}
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", b'{"x": 1}'),
+        ("text/plain", b'{"x": 1}'),
+        ("application/x-www-form-urlencoded", b'{"x": 1}'),
+        ("application/json", b'"{\\"x\\": 1}"'),
+    ],
+)
+def test_typed_inputs_read_text_and_bytes_as_json(own: httpx.Client, content_type: str, body: bytes) -> None:
+    answer = own.post("/typed", headers={"Content-Type": content_type}, content=body)
+    assert (answer.status_code, answer.json()) == (200, {"x": 1})
+
+
+def test_typed_inputs_name_the_field_that_does_not_validate(own: httpx.Client) -> None:
+    answer = own.post("/typed", json={"x": "one"})
+    assert_error(answer, 400, "x")
+    assert answer.json()["detail"][0]["loc"] == ["x"]
