@@ -33,6 +33,9 @@ PROJECT = {
           - name: chat
             handler: {path: model.py, class: Chat}
             openai: chat
+          - name: complete
+            handler: {path: model.py, class: Complete}
+            openai: completions
     """,
     "jobs.py": """
         import asyncio
@@ -55,6 +58,10 @@ PROJECT = {
         class Chat:
             def predict(self, inputs):
                 return inputs["messages"][-1]["content"]
+
+        class Complete:
+            def predict(self, inputs):
+                return repr(inputs["prompt"])
     """,
 }
 
@@ -204,3 +211,32 @@ def test_openai_json_nested_deeper_than_1024_is_a_400(client: httpx.Client) -> N
     answer = client.post("/v1/chat/completions", content=body + b"}", headers={"content-type": "application/json"})
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("prompt", "status"), [("a", 200), (["a"], 200), (["a", "b"], 400), ([1, 2], 400)])
+def test_openai_prompt_is_a_string_or_a_list_of_one_string(client: httpx.Client, prompt: Any, status: int) -> None:
+    answer = client.post("/v1/completions", json={"model": "complete", "prompt": prompt})
+    assert answer.status_code == status, answer.text
+    if status == 200:
+        assert answer.json()["choices"][0]["text"] == repr(prompt)  # as sent
+    else:
+        assert answer.json()["error"]["param"] == "prompt"
+
+
+def test_a_single_async_api_is_also_served_at_the_root(
+    tmp_path_factory: pytest.TempPathFactory, start_server_module: Any
+) -> None:
+    files = {
+        "modelserve.yaml": "jobs: {store: memory}\napis: [{name: only, kind: async, handler: {path: jobs.py}}]\n",
+        "jobs.py": PROJECT["jobs.py"],
+    }
+    single = start_server_module(write_project(tmp_path_factory.mktemp("single-async") / "project", files))
+    single.wait_ready()
+    with httpx.Client(base_url=single.url, timeout=10) as http:
+        job = http.post("/", json="hi", headers={"x-request-id": "at-root"}).json()["id"]
+        assert job == "at-root"
+        assert http.get("/").json()["name"] == "only"
+        deadline = time.monotonic() + 10
+        while (shown := http.get("/only/at-root").json())["status"] != "completed" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert shown["result"] == "hi"
