@@ -237,8 +237,16 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
         request_id,
         inputs,
         _requested_outputs(outputs) if outputs is not None else None,
-        bool(parameters.get("binary_data_output", False)) if parameters else False,
+        bool(_flag(parameters, "binary_data_output", "'parameters'")) if parameters else False,
     )
+
+
+def _flag(parameters: dict[str, Any], key: str, where: str) -> bool | None:
+    """A boolean parameter, or None when absent; another value is a 400 (bool("false") is true)."""
+    value = parameters.get(key)
+    if value is not None and type(value) is not bool:
+        raise BadRequest(f"{where}: '{key}' must be true or false, got {type(value).__name__}")
+    return value
 
 
 def _requested_outputs(raw: Any) -> dict[str, bool | None] | None:
@@ -256,7 +264,7 @@ def _requested_outputs(raw: Any) -> dict[str, bool | None] | None:
         for unsupported in ("shared_memory_region", "classification"):
             if params.get(unsupported):
                 raise BadRequest(f"output '{name}': {unsupported} is not supported by modelserve")
-        outputs[name] = params.get("binary_data")  # None: the request's binary_data_output decides
+        outputs[name] = _flag(params, "binary_data", f"output '{name}': 'parameters'")  # None: the request's decides
     return outputs
 
 

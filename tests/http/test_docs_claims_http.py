@@ -71,6 +71,27 @@ def test_a_v2_string_id_is_echoed_as_given_and_names_the_request(client: httpx.C
     assert (answer.headers["x-request-id"], answer.json()["id"]) == ("hdr-1", "not sane!")
 
 
+@pytest.mark.parametrize("value", ["false", 0, 1])
+def test_binary_data_flags_must_be_booleans(client: httpx.Client, value: object) -> None:
+    """`"binary_data_output": "false"` (or an output's `"binary_data": "false"`) answered binary tensors."""
+    answer = client.post("/v2/models/iris/infer", json={"inputs": [ROW], "parameters": {"binary_data_output": value}})
+    assert_error(answer, 400, "'parameters': 'binary_data_output' must be true or false")
+    outputs = [{"name": "label", "parameters": {"binary_data": value}}]
+    answer = client.post("/v2/models/iris/infer", json={"inputs": [ROW], "outputs": outputs})
+    assert_error(answer, 400, "output 'label': 'parameters': 'binary_data' must be true or false")
+
+
+@pytest.mark.parametrize(("flag", "binary"), [(True, True), (False, False), (None, False)])
+def test_binary_data_flags_true_false_or_null(client: httpx.Client, flag: bool | None, binary: bool) -> None:
+    outputs = [{"name": "label", "parameters": {"binary_data": flag}}]
+    answer = client.post("/v2/models/iris/infer", json={"inputs": [ROW], "outputs": outputs})
+    assert answer.status_code == 200
+    assert ("inference-header-content-length" in answer.headers) is binary
+    answer = client.post("/v2/models/iris/infer", json={"inputs": [ROW], "parameters": {"binary_data_output": flag}})
+    assert answer.status_code == 200
+    assert ("inference-header-content-length" in answer.headers) is binary
+
+
 @pytest.mark.parametrize("value", ["false", 0, 1, {}])
 def test_repository_index_ready_must_be_a_boolean(client: httpx.Client, value: object) -> None:
     """`{"ready": "false"}` listed the ready models only (bool("false") is true)."""
