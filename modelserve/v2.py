@@ -426,7 +426,10 @@ def outputs_of(result: Any) -> dict[str, np.ndarray]:
         items = [("output", result)]
     outputs = {}
     for name, value in items:
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        try:
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except ValueError as exc:  # ragged lists: the class's result, not the server's failure
+            raise TypeError(f"output {name!r} is not a tensor ({exc})") from None
         if array.dtype.kind == "O" and not all(isinstance(item, (str, bytes)) for item in array.flat):
             raise TypeError(f"output {name!r} is not a tensor (it holds {type(next(iter(array.flat), None)).__name__})")
         outputs[str(name)] = array

@@ -28,6 +28,11 @@ class Model:
         return {"nan": nan, "inf": float("inf"), "array": np.array([nan, -np.inf, 1.5]), "f32": np.float32(nan)}
 
 
+class Ragged:
+    def predict(self, inputs):
+        return {"r": [[1, 2], [3]]}
+
+
 class Typed:
     def predict(self, inputs: Point):
         return {"x": inputs.x}
@@ -211,6 +216,8 @@ def own(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> I
         handler: {path: model.py, class: Model}
       - name: typed
         handler: {path: model.py, class: Typed}
+      - name: ragged
+        handler: {path: model.py, class: Ragged}
     """
     project = write_project(tmp_path_factory.mktemp("docs-http") / "p", {"model.py": MODEL, "modelserve.yaml": apis})
     server = start_server_module(project)
@@ -243,3 +250,10 @@ def test_typed_inputs_name_the_field_that_does_not_validate(own: httpx.Client) -
     answer = own.post("/typed", json={"x": "one"})
     assert_error(answer, 400, "x")
     assert answer.json()["detail"][0]["loc"] == ["x"]
+
+
+def test_a_v2_result_numpy_cannot_make_a_tensor_of_is_the_class_failure(own: httpx.Client) -> None:
+    """docs/v2.md: the class's failure, a 500 naming the request id. A ragged list was the server's own
+    'internal error' (numpy's ValueError escaped the encoder)."""
+    x = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    assert_error(own.post("/v2/models/ragged/infer", json={"inputs": [x]}), 500, "user code failed")
