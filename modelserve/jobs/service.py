@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelserve import _threads, context
 from modelserve.codecs import DECODE_INLINE_MAX, decode_payload, release_in_pieces
-from modelserve.errors import ConfigError, Conflict, NotFound, ServiceUnavailable
+from modelserve.errors import ConfigError, Conflict, JobQueueFull, NotFound, ServiceUnavailable
 from modelserve.jobs import make_store
 from modelserve.jobs.base import CANCELLED, ENDED, IN_PROGRESS, JobView, NewJob
 from modelserve.jobs.worker import JobWorker
@@ -77,7 +77,11 @@ class Jobs:
         else:
             kind, payload = stored_payload(content_type, body)
         trace = context.tracing.job_context() if context.tracing is not None else None
-        await self.store.submit(NewJob(api.name, job_id, kind, payload, trace), api.config.max_queue_length)
+        try:
+            await self.store.submit(NewJob(api.name, job_id, kind, payload, trace), api.config.max_queue_length)
+        except JobQueueFull:
+            api.metrics.queue_full.inc()
+            raise
         worker.wake()
         api.metrics.job("in_queue")
 

@@ -25,6 +25,14 @@ PROJECT = {
             kind: async
             handler: {path: jobs.py, class: Handler}
             max_body_size: 1000
+          - name: narrow
+            kind: async
+            handler: {path: jobs.py, class: Handler}
+            max_queue_length: 1
+          - name: brief
+            kind: async
+            handler: {path: jobs.py, class: Handler}
+            result_ttl: 0.5
           - name: words
             handler: {path: model.py, class: Words}
             timeout: 0.5
@@ -110,6 +118,43 @@ def test_cancelling_a_cancelled_job_answers_the_same_200(client: httpx.Client) -
     assert first.status_code == again.status_code == 200
     assert first.json()["status"] == "cancelled"
     assert again.json() == first.json() == client.get("/jobs/twice").json()
+
+
+def test_a_submit_refused_by_a_full_queue_is_counted(client: httpx.Client) -> None:
+    """docs/async.md: modelserve_queue_full_total{api} counts them (it stayed 0)."""
+    before = _metric(client, "modelserve_queue_full_total", "narrow")
+    for name in ("running", "queued"):
+        assert client.post("/narrow", json="wait", headers={"x-request-id": name}).status_code == 200
+        _wait_status(client, "/narrow/running", {"in_progress"})
+    refused = client.post("/narrow", json="wait")
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert _metric(client, "modelserve_queue_full_total", "narrow") == before + 1
+    for name in ("queued", "running"):
+        assert client.delete(f"/narrow/{name}").status_code == 200
+
+
+def test_an_expired_id_answers_404_and_may_be_used_again(client: httpx.Client) -> None:
+    assert client.post("/brief", json=1, headers={"x-request-id": "reused"}).status_code == 200
+    _wait_status(client, "/brief/reused", {"completed"})
+    deadline = time.monotonic() + 10
+    while (shown := client.get("/brief/reused")).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shown.status_code == 404
+    assert client.post("/brief", json=2, headers={"x-request-id": "reused"}).json() == {"id": "reused"}
+
+
+def _wait_status(client: httpx.Client, path: str, statuses: set[str]) -> None:
+    deadline = time.monotonic() + 10
+    while (status := client.get(path).json()["status"]) not in statuses:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+
+
+def _metric(client: httpx.Client, name: str, api: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f'{name}{{api="{api}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} for {api}")
 
 
 # docs/websocket.md
