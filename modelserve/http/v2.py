@@ -89,7 +89,8 @@ def _headers(scope: Scope) -> tuple[str | None, str | None, str | None, str | No
 
 
 #: zlib's window bits for the Content-Encodings tritonclient may send (request_compression_algorithm).
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+#: RFC 9110 (8.4.1.3): a recipient should read x-gzip as gzip.
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:

@@ -3,6 +3,8 @@ server (examples/iris-onnx) where no other test checked exactly that claim."""
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -257,3 +259,14 @@ def test_a_v2_result_numpy_cannot_make_a_tensor_of_is_the_class_failure(own: htt
     'internal error' (numpy's ValueError escaped the encoder)."""
     x = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
     assert_error(own.post("/v2/models/ragged/infer", json={"inputs": [x]}), 500, "user code failed")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"), [("gzip", gzip.compress), ("x-gzip", gzip.compress), ("deflate", zlib.compress)]
+)
+def test_a_compressed_v2_request_is_decompressed(client: httpx.Client, encoding: str, compress: Any) -> None:
+    """x-gzip, gzip's alias that RFC 9110 asks a recipient to read as gzip, was a 400."""
+    body = compress(b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}')
+    answer = client.post("/v2/models/iris/infer", headers={"Content-Encoding": encoding}, content=body)
+    assert answer.status_code == 200, answer.text
+    assert [output["name"] for output in answer.json()["outputs"]] == ["label", "probabilities"]
