@@ -30,6 +30,13 @@ class Model:
         return {"nan": nan, "inf": float("inf"), "array": np.array([nan, -np.inf, 1.5]), "f32": np.float32(nan)}
 
 
+class Special:
+    def predict(self, inputs):
+        import ml_dtypes
+
+        return {"f": np.array([np.nan, np.inf], np.float32), "b": np.array([1.5], ml_dtypes.bfloat16)}
+
+
 class Ragged:
     def predict(self, inputs):
         return {"r": [[1, 2], [3]]}
@@ -220,6 +227,8 @@ def own(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> I
         handler: {path: model.py, class: Typed}
       - name: ragged
         handler: {path: model.py, class: Ragged}
+      - name: special
+        handler: {path: model.py, class: Special}
     """
     project = write_project(tmp_path_factory.mktemp("docs-http") / "p", {"model.py": MODEL, "modelserve.yaml": apis})
     server = start_server_module(project)
@@ -270,3 +279,15 @@ def test_a_compressed_v2_request_is_decompressed(client: httpx.Client, encoding:
     answer = client.post("/v2/models/iris/infer", headers={"Content-Encoding": encoding}, content=body)
     assert answer.status_code == 200, answer.text
     assert [output["name"] for output in answer.json()["outputs"]] == ["label", "probabilities"]
+
+
+def test_v2_json_outputs_send_nan_as_null_and_bf16_as_numbers(own: httpx.Client) -> None:
+    """docs/v2.md: BF16 is binary only in a request; a BF16 output asked as JSON is numbers (tritonclient reads
+    them as float32), and a NaN or infinity in a JSON output is null (binary data keeps it)."""
+    pytest.importorskip("ml_dtypes")
+    x = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    answer = own.post("/v2/models/special/infer", json={"inputs": [x]})
+    assert answer.status_code == 200, answer.text
+    outputs = {output["name"]: output for output in answer.json()["outputs"]}
+    assert (outputs["f"]["datatype"], outputs["f"]["data"]) == ("FP32", [None, None])
+    assert (outputs["b"]["datatype"], outputs["b"]["data"]) == ("BF16", [1.5])
