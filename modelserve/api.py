@@ -102,6 +102,10 @@ class Api:
         """The answer to a call that comes before the API has loaded (or after it failed to)."""
         if self.state == "failed":
             return ServiceUnavailable(f"api '{self.name}' failed to load; see the server log", retry_after=30)
+        if self.state == "unloaded":  # model control: nothing loads it again but a load request
+            return ServiceUnavailable(
+                f"api '{self.name}' is unloaded; POST /v2/repository/models/{self.name}/load loads it", retry_after=30
+            )
         return ServiceUnavailable(f"api '{self.name}' is loading; retry later")
 
     def admit(self, size: int = 0) -> None:

@@ -291,3 +291,27 @@ def test_v2_json_outputs_send_nan_as_null_and_bf16_as_numbers(own: httpx.Client)
     outputs = {output["name"]: output for output in answer.json()["outputs"]}
     assert (outputs["f"]["datatype"], outputs["f"]["data"]) == ("FP32", [None, None])
     assert (outputs["b"]["datatype"], outputs["b"]["data"]) == ("BF16", [1.5])
+
+
+@pytest.fixture(scope="module")
+def explicit(start_server_module: Any) -> Iterator[httpx.Client]:
+    server = start_server_module(REPO / "examples" / "iris-onnx", "--model-control", "explicit")
+    server.wait_ready()
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+def test_an_unloaded_model_says_so_and_how_to_load_it(explicit: httpx.Client) -> None:
+    """It answered "api 'iris' is loading; retry later", though nothing would load it but a load request."""
+    assert explicit.post("/v2/repository/models/iris/unload").status_code == 200
+    try:
+        for answer in (
+            explicit.get("/v2/models/iris/ready"),
+            explicit.post("/v2/models/iris/infer", json={"inputs": [ROW]}),
+            explicit.post("/iris", json={}),
+        ):
+            assert_error(answer, 503, "api 'iris' is unloaded; POST /v2/repository/models/iris/load loads it")
+            assert "retry-after" in answer.headers
+    finally:
+        assert explicit.post("/v2/repository/models/iris/load").status_code == 200
+    assert explicit.post("/v2/models/iris/infer", json={"inputs": [ROW]}).status_code == 200
