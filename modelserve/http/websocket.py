@@ -341,10 +341,12 @@ class TrussWebSocket(_Endpoint):
     async def websocket(self, scope: Scope, session: Session, request_id: str) -> None:
         websocket = WebSocket(scope, session.receive, session.send)
         entry = getattr(self.api.backend, "entries", {}).get("websocket")
-        if entry is None and self.api.ready:
+        if entry is None and self.api.ready:  # counted as 501, the HTTP answer to a method the server lacks
+            started = time.perf_counter()
             logger.error("api '%s': %s", self.api.name, NOT_IMPLEMENTED)
             await websocket.accept()
             await websocket.close(UNSUPPORTED, NOT_IMPLEMENTED)
+            self.answered(scope, session, 501, started, request_id)
             return
         if not await self._admitted(scope, session, request_id):
             return

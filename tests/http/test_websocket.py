@@ -149,19 +149,30 @@ def test_websocket_endpoint_error_logs(truss_servers: dict[str, Any]) -> None:
 
 
 def test_nonexistent_websocket_endpoint(truss_servers: dict[str, Any]) -> None:
-    """test_nonexistent_websocket_endpoint: accepted, then closed with 1003 and Truss's reason."""
+    """test_nonexistent_websocket_endpoint: accepted, then closed with 1003 and Truss's reason; the session is
+    counted in the API's metrics as 501 (it was not counted at all)."""
+    server = truss_servers["nonexistent_websocket_endpoint"]
+
+    def counted() -> float:
+        text = httpx.get(server.url + "/metrics").text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("modelserve_requests_total{") and 'code="501"' in line
+        )
+
+    before = counted()
 
     async def exchange() -> None:
         with pytest.raises(ConnectionClosedError) as exc_info:
-            async with websockets.connect(
-                ws_url(truss_servers["nonexistent_websocket_endpoint"], "/v1/websocket")
-            ) as ws:
+            async with websockets.connect(ws_url(server, "/v1/websocket")) as ws:
                 await ws.recv()
         assert exc_info.value.rcvd is not None
         assert exc_info.value.rcvd.code == 1003
         assert exc_info.value.rcvd.reason == "WebSocket is not implemented on this deployment."
 
     run(exchange())
+    assert counted() == before + 1
 
 
 def test_a_plain_get_of_a_websocket_route_is_a_400(truss_servers: dict[str, Any]) -> None:
