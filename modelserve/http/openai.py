@@ -200,8 +200,11 @@ def _content(message: dict[str, Any], where: str) -> None:
         raise OpenAIBadRequest(f"{where}.content", f"'{where}.content' is required for role {message.get('role')!r}")
     if isinstance(content, str):
         return
-    if not isinstance(content, list):
-        raise OpenAIBadRequest(f"{where}.content", f"'{where}.content' must be a string or a list of parts")
+    if not isinstance(content, list) or not content:  # OpenAI refuses an empty list of parts too
+        got = "an empty list" if content == [] else _kind(content)
+        raise OpenAIBadRequest(
+            f"{where}.content", f"'{where}.content' must be a string or a non-empty list of parts, got {got}"
+        )
     for index, part in enumerate(content):
         at = f"{where}.content[{index}]"
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
@@ -244,6 +247,8 @@ def _embedding_input(body: dict[str, Any]) -> None:
     _positive(body, "dimensions")
     value = body.get("input")
     if isinstance(value, str):
+        if not value:  # nothing to embed: OpenAI refuses it too
+            raise OpenAIBadRequest("input", "'input' must not be an empty string")
         return
     if not isinstance(value, list) or not value or len(value) > MAX_EMBEDDING_INPUTS:
         raise OpenAIBadRequest("input", f"'input' must be a string or a list of 1 to {MAX_EMBEDDING_INPUTS} strings")
@@ -252,6 +257,8 @@ def _embedding_input(body: dict[str, Any]) -> None:
             raise OpenAIBadRequest(
                 f"input[{index}]", f"'input[{index}]' must be a string (token arrays are not accepted here)"
             )
+        if not item:
+            raise OpenAIBadRequest(f"input[{index}]", f"'input[{index}]' must not be an empty string")
 
 
 class OpenAIRequest:

@@ -103,6 +103,10 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
         400,
         "messages[0].content[0]",
     ),
+    # an empty list of parts and an empty input reached predict (OpenAI refuses both)
+    "content an empty list": (CHAT, said({"role": "user", "content": []}), 400, "messages[0].content"),
+    "an empty input": ("/v1/embeddings", {"model": "embed", "input": ""}, 400, "input"),
+    "an empty string among the inputs": ("/v1/embeddings", {"model": "embed", "input": ["a", ""]}, 400, "input[1]"),
     # a boolean or a float n was taken as 1
     "n true": (CHAT, chat(n=True), 400, "n"),
     "n 1.0": (CHAT, chat(n=1.0), 400, "n"),
