@@ -218,7 +218,13 @@ class RequestCancelled(ModelserveError):
 
 
 class StreamAborted(ModelserveError):
-    """Raised to the server after a failed stream, so that it ends the response without a clean end."""
+    """Raised to the server after a failed stream, so that it ends the response without a clean end; `status` is
+    the status of what ended it (499 the client left, 504 the timeout, 500 user code), for the metrics and the
+    access line."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class HeadersTooLarge(ModelserveError):

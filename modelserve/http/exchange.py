@@ -75,6 +75,7 @@ from modelserve.http._asgi import (
     ORDER,
     Disconnected,
     check_length,
+    header,
     mark_refused,
     read_body,
     request_headers,
@@ -202,8 +203,10 @@ class Exchange:
                 else:
                     admit(size)
             except ServiceUnavailable as exc:
-                if size > self.inline_max:
-                    exc.headers.update(CLOSE)  # rather than reading a large body only to drop it
+                # Rather than reading a large body only to drop it, or a chunked one, which may be as long as the
+                # client likes (its length is not known: a request that has none would have said 0).
+                if size > self.inline_max or (length is None and header(scope, b"transfer-encoding") is not None):
+                    exc.headers.update(CLOSE)
                 raise
             try:
                 body = await read_body(receive, limit, None)
@@ -277,8 +280,14 @@ class Exchange:
             if answering is not None:
                 send = with_answering(send, answering, ctx.request_id)
             status = await self._stopped(send, ctx.request_id)
-        except StreamAborted:
-            raise  # the answer has begun: the server ends it without a clean end (logged once, in the stream)
+        except StreamAborted as aborted:
+            # The answer has begun: the server ends it without a clean end (the failure logged once, in the
+            # stream); counted, and written in the access log, with the status of what ended it.
+            seconds = time.perf_counter() - started
+            api.metrics.answered(aborted.status, seconds)
+            if self.access_log is not None:
+                self.access_log(scope, aborted.status, seconds, ctx.request_id, self.name)
+            raise
         except Exception as exc:
             mark_refused(scope, exc)
             if answering is not None:

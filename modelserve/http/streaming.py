@@ -13,6 +13,7 @@ the abort is filtered out (`quiet_aborts`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -43,6 +44,10 @@ def frame_sse(chunk: Any) -> bytes:
         text = chunk
     else:
         text = encode_json(chunk).decode("utf-8")
+    if "\r" in text:
+        # An event stream ends a line at CR, LF or CRLF: a CR left inside a data line would end it there, and the
+        # client would read what follows as a field of its own (and drop it).
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     return b"".join(b"data: " + line.encode("utf-8") + b"\n" for line in text.split("\n")) + b"\n"
 
 
@@ -70,10 +75,8 @@ async def send_stream(send: Send, stream: Stream, accept: str | None) -> int:
     started = False
     try:
         chunk = await stream.next()
-        if chunk is Stream.END:
-            chunk = ""
         headers = [
-            (b"content-type", SSE_TYPE if sse else content_type_of(chunk)),
+            (b"content-type", SSE_TYPE if sse else TEXT_TYPE if chunk is Stream.END else content_type_of(chunk)),
             (b"x-request-id", request_id.encode()),
             (b"cache-control", b"no-cache"),
         ]
@@ -88,7 +91,18 @@ async def send_stream(send: Send, stream: Stream, accept: str | None) -> int:
         stream.watch.disarm()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 200
-    except Exception as error:
+    except (Exception, asyncio.CancelledError) as caught:
+        error: Exception
+        if isinstance(caught, asyncio.CancelledError):
+            # Cancelled while a chunk waited to be sent (the client had stopped reading): by the stream's watch
+            # (the client left, the timeout passed), its 499 or 504 as while it waits for a chunk; by anything
+            # else (the server's shutdown), on it goes.
+            if not stream.watch.fired:
+                raise
+            stream.watch.absorb_cancel()
+            error = stream.api.cancelled(stream.ctx)
+        else:
+            error = caught
         stream.watch.disarm()
         if not started:
             return await send_error(send, error, request_id)
@@ -96,7 +110,7 @@ async def send_stream(send: Send, stream: Stream, accept: str | None) -> int:
         if sse:
             await send({"type": "http.response.body", "body": b"event: error\ndata: " + body + b"\n\n"})
             return status
-        raise StreamAborted(f"stream of request {request_id} failed") from None
+        raise StreamAborted(f"stream of request {request_id} failed", status) from None
     finally:
         await stream.aclose()
 

@@ -1,0 +1,377 @@
+"""What docs/large-bodies.md, docs/streaming.md and docs/edge.md promise about request bodies, streamed answers
+and their ends, held to one real server (a project of the module's own) where no other test checked exactly
+that claim."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import read_http_answer, write_project
+
+PROJECT = {
+    "modelserve.yaml": """
+        apis:
+          - name: echo
+            handler: {path: model.py, class: Echo}
+          - name: stream
+            handler: {path: model.py, class: Streams}
+          - name: timed
+            handler: {path: model.py, class: Streams}
+            timeout: 1
+          - name: notified
+            handler: {path: model.py, class: Streams}
+            on_disconnect: notify
+            max_concurrency: 1
+          - name: held
+            handler: {path: model.py, class: Held}
+            max_concurrency: 1
+            max_queue_length: 0
+    """,
+    "model.py": """
+        import asyncio
+        import time
+        from pathlib import Path
+
+
+        def note(tag, text):
+            with open(f"notes-{tag}.log", "a") as f:
+                f.write(text + "\\n")
+
+
+        class Echo:
+            def predict(self, inputs):
+                return {"n": len(inputs["x"]), "sum": sum(inputs["x"])}
+
+
+        class Streams:
+            def predict(self, inputs):
+                return getattr(self, inputs["mode"])(inputs.get("tag", ""))
+
+            def lines(self, tag):
+                yield "a\\rb"
+                yield "c\\r\\nd"
+                yield "e\\nf"
+
+            def nothing(self, tag):
+                return
+                yield
+
+            def fails(self, tag):
+                yield "one\\n"
+                raise RuntimeError("the model broke mid-stream")
+
+            async def endless(self, tag):
+                try:
+                    for i in range(400):
+                        note(tag, f"chunk {i}")
+                        yield f"{i}\\n"
+                        await asyncio.sleep(0.02)
+                finally:
+                    note(tag, "finally")
+
+            def endless_sync(self, tag):
+                try:
+                    for i in range(400):
+                        note(tag, f"chunk {i}")
+                        yield f"{i}\\n"
+                        time.sleep(0.02)
+                finally:
+                    note(tag, "finally")
+
+            async def large(self, tag):
+                try:
+                    for i in range(8):
+                        note(tag, f"chunk {i}")
+                        yield b"x" * (16 << 20)  # more than a client's and the kernel's buffers hold
+                finally:
+                    note(tag, "finally")
+
+
+        class Held:
+            async def predict(self, inputs):
+                Path("held").touch()
+                deadline = time.monotonic() + 60
+                while not Path("release").exists() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                return {"ok": True}
+    """,
+}
+
+DEADLINE = 30
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_project(tmp_path_factory.mktemp("bodies"), PROJECT)
+
+
+@pytest.fixture(scope="module")
+def server(project: Path, start_server_module: Any) -> Any:
+    server = start_server_module(project)
+    server.wait_ready()
+    return server
+
+
+def connect(server: Any) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=DEADLINE)
+
+
+def post(path: str, body: bytes, *headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *headers]
+    if not any(line.lower().startswith("transfer-encoding") for line in headers):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def head_of(answer: bytes) -> bytes:
+    return answer.split(b"\r\n\r\n", 1)[0].lower()
+
+
+def counted(server: Any, api: str, code: int) -> float:
+    """modelserve_requests_total of `api` and `code`, from /metrics."""
+    pattern = rf'^modelserve_requests_total\{{api="{api}",code="{code}"\}} (\S+)$'
+    found = re.search(pattern, httpx.get(server.url + "/metrics").text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def notes(project: Path, tag: str) -> list[str]:
+    path = project / f"notes-{tag}.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def wait_for_note(project: Path, tag: str, text: str) -> list[str]:
+    deadline = time.monotonic() + DEADLINE
+    while text not in (seen := notes(project, tag)):
+        assert time.monotonic() < deadline, f"{text!r} never noted: {seen[-3:]}"
+        time.sleep(0.01)
+    return seen
+
+
+def sse_events(body: bytes) -> list[tuple[str, str]]:
+    """(event type, data) of each event of a text/event-stream body, parsed as the HTML standard says: a line
+    ends at CRLF, LF or CR; a line without a colon is a field of that name (and an unknown one is ignored)."""
+    events: list[tuple[str, str]] = []
+    kind, data = "message", []
+    for line in re.split(r"\r\n|\r|\n", body.decode()):
+        if not line:
+            if data:
+                events.append((kind, "\n".join(data)))
+            kind, data = "message", []
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            kind = value
+    return events
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/large-bodies.md
+
+
+def test_a_large_json_body_decodes_to_orjsons_value_and_its_400(server: Any) -> None:
+    """A body over 1 MiB is parsed in pieces, to `orjson.loads(body)`'s value exactly, and a body that is not
+    JSON gets the 400 orjson's one call gives."""
+    numbers = [1, -2, 0.5, 1e-7, -3.25e10, 12345678901234, 0.1, 2.5e-300]
+    body = orjson.dumps({"x": numbers * 40000})
+    assert len(body) > 1024 * 1024
+    answer = httpx.post(server.url + "/echo", content=body, headers={"content-type": "application/json"})
+    expected = orjson.loads(body)["x"]
+    assert answer.json() == {"n": len(expected), "sum": sum(expected)}
+
+    broken = body[:-2] + b",]}"
+    with pytest.raises(orjson.JSONDecodeError) as raised:
+        orjson.loads(broken)
+    answer = httpx.post(server.url + "/echo", content=broken, headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    assert answer.json()["error"] == f"request body is not valid JSON: {raised.value}"
+
+
+@pytest.fixture
+def held(server: Any, project: Path) -> Iterator[None]:
+    """The `held` API's only slot taken (and no line) while the test runs."""
+    (project / "release").unlink(missing_ok=True)
+    (project / "held").unlink(missing_ok=True)
+    holder = threading.Thread(target=httpx.post, args=(server.url + "/held",), kwargs={"json": {}, "timeout": 60})
+    holder.start()
+    deadline = time.monotonic() + DEADLINE
+    while not (project / "held").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        (project / "release").touch()
+        holder.join(DEADLINE)
+
+
+def test_a_small_body_refused_with_503_keeps_its_connection(server: Any, held: None) -> None:
+    """Only a refused body over 64 KiB (or one whose length is not known) closes the connection: a small one
+    is read and dropped by the parser, and the connection serves the next request."""
+    with connect(server) as sock:
+        sock.sendall(post("/held", b"{}"))
+        answer = read_http_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b"\r\nconnection: close" not in head_of(answer)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_a_large_body_refused_with_503_closes_its_connection(server: Any, held: None) -> None:
+    with connect(server) as sock:
+        sock.sendall(post("/held", b" " * (64 * 1024 + 1)))
+        answer = read_http_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b"\r\nconnection: close" in head_of(answer)
+        assert read_to_end(sock) == b""
+
+
+def test_a_chunked_upload_refused_with_503_closes_its_connection(server: Any, held: None) -> None:
+    """A chunked body's length is not known: refused before it is read, it is not read to its end only to be
+    dropped (the server went on reading, for as long as the client sent, until --body-timeout)."""
+    with connect(server) as sock:
+        sock.sendall(post("/held", b"", "Transfer-Encoding: chunked"))
+        stop = threading.Event()
+
+        def send_chunks() -> None:
+            chunk = b"%x\r\n%s\r\n" % (64 * 1024, b" " * (64 * 1024))
+            with contextlib.suppress(OSError):  # the server closed: a reset, a broken pipe
+                while not stop.is_set():
+                    sock.sendall(chunk)
+
+        sender = threading.Thread(target=send_chunks)
+        sender.start()
+        try:
+            answer = read_http_answer(sock)
+            assert answer.startswith(b"HTTP/1.1 503")
+            assert b"\r\nconnection: close" in head_of(answer)
+            with contextlib.suppress(ConnectionResetError):  # after the lingering's 64 MiB, a reset may come
+                assert read_to_end(sock) == b""
+        finally:
+            stop.set()
+            sender.join(DEADLINE)
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/streaming.md: framing
+
+
+def test_server_sent_events_carry_every_line_of_a_chunk(server: Any) -> None:
+    """A CR inside a chunk ended its `data:` line early, and the client dropped what followed it."""
+    answer = httpx.post(server.url + "/stream", json={"mode": "lines"}, headers={"accept": "text/event-stream"})
+    assert answer.headers["content-type"] == "text/event-stream"
+    assert sse_events(answer.content) == [("message", "a\nb"), ("message", "c\nd"), ("message", "e\nf")]
+
+
+@pytest.mark.parametrize("accept", ["text/event-stream", "*/*"])
+def test_a_stream_of_no_chunks_sends_nothing(server: Any, accept: str) -> None:
+    """A generator that yields nothing is an empty answer (it was one empty event under SSE)."""
+    answer = httpx.post(server.url + "/stream", json={"mode": "nothing"}, headers={"accept": accept})
+    assert answer.status_code == 200
+    assert answer.content == b""
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/streaming.md: how a stream ends when it cannot end cleanly, and what the metrics and the log say
+
+
+def test_a_stream_failing_mid_way_is_cut_off_counted_and_logged(server: Any) -> None:
+    """The client sees a truncated chunked body; the request is counted as a 500 and has its access line (an
+    aborted stream had neither)."""
+    before = counted(server, "stream", 500)
+    request_id = uuid.uuid4().hex
+    with connect(server) as sock:
+        sock.sendall(post("/stream", b'{"mode": "fails"}', f"X-Request-ID: {request_id}"))
+        answer = read_to_end(sock)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert b"one\n" in answer
+    assert not answer.endswith(b"0\r\n\r\n")
+    assert counted(server, "stream", 500) == before + 1
+    assert '"POST /stream HTTP/1.1" 500' in next(line for line in access_lines(server) if request_id in line)
+
+
+def access_lines(server: Any) -> list[str]:
+    return [line for line in server.log.splitlines() if "modelserve.access" in line]
+
+
+def test_a_stream_that_outlasts_the_timeout_is_ended_at_it(server: Any, project: Path) -> None:
+    """The API's timeout counts the whole stream from the request's start, chunks sent or not: a plain stream
+    is cut off (no 504 can be sent once the answer began), an SSE one ends with an error event holding the
+    504's body; both are counted as 504."""
+    before = counted(server, "timed", 504)
+    with connect(server) as sock:
+        sock.sendall(post("/timed", b'{"mode": "endless", "tag": "timed-plain"}'))
+        answer = read_to_end(sock)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert b"\r\n0\n" in answer and not answer.endswith(b"0\r\n\r\n")
+    wait_for_note(project, "timed-plain", "finally")
+
+    body = {"mode": "endless", "tag": "timed-sse"}
+    answer = httpx.post(server.url + "/timed", json=body, headers={"accept": "text/event-stream"}, timeout=DEADLINE)
+    events = sse_events(answer.content)
+    assert events[0] == ("message", "0\n")
+    kind, data = events[-1]
+    assert kind == "error"
+    assert orjson.loads(data)["error"] == "the call took longer than the timeout of 1.0 s"
+    assert counted(server, "timed", 504) == before + 2
+
+
+@pytest.mark.parametrize("mode", ["endless", "endless_sync"])
+def test_with_notify_a_stream_whose_client_left_is_closed(server: Any, project: Path, mode: str) -> None:
+    """`on_disconnect: notify` (Truss's default) never cancels user code, but a stream whose client is gone is
+    closed at its next chunk, its `finally` run and its slot freed, as Truss's own server does; it ran to its
+    end for nobody, holding the API's only slot."""
+    tag = f"notified-{mode}"
+    with connect(server) as sock:
+        sock.sendall(post("/notified", orjson.dumps({"mode": mode, "tag": tag})))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    seen = wait_for_note(project, tag, "finally")
+    assert "chunk 399" not in seen
+    answer = httpx.post(server.url + "/notified", json={"mode": "lines"}, timeout=DEADLINE)
+    assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(("api", "status"), [("stream", 499), ("timed", 504)], ids=["client-leaves", "timeout"])
+def test_a_stream_waiting_on_a_client_that_stopped_reading_ends_as_its_cancel(
+    server: Any, project: Path, api: str, status: int
+) -> None:
+    """A chunk waiting to be sent (the client reads nothing) when the client leaves, or the timeout passes, ends
+    the stream as a 499 or a 504; it was taken for the server's shutdown (logged so, and counted as a 503)."""
+    tag = f"large-{api}"
+    before = counted(server, api, status), counted(server, api, 503)
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(DEADLINE)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(post(f"/{api}", orjson.dumps({"mode": "large", "tag": tag})))
+        wait_for_note(project, tag, "chunk 1")  # the first chunk fills every buffer: the second waits
+        if api == "timed":
+            wait_for_note(project, tag, "finally")
+    wait_for_note(project, tag, "finally")
+    deadline = time.monotonic() + DEADLINE
+    while counted(server, api, status) == before[0]:
+        assert time.monotonic() < deadline, f"never counted as {status}"
+        time.sleep(0.02)
+    assert counted(server, api, 503) == before[1]
+    assert "stopped by the server's shutdown" not in server.log
