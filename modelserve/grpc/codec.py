@@ -83,6 +83,8 @@ def decode_infer(request: Any, text: bool, room: int) -> InferRequest:
             raise BadRequest(f"input {index} has no name")
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
+        if "shared_memory_region" in tensor.parameters:  # as over HTTP: the region is never read
+            raise BadRequest(f"input '{name}': shared memory is not supported by modelserve; send the data")
         datatype = tensor.datatype
         if datatype not in _KNOWN:
             raise BadRequest(f"input '{name}': unknown datatype {datatype[:40]!r}; known: {', '.join(DATATYPES)}")
@@ -247,7 +249,8 @@ class RawPlan:
 
     def _described(self, tensor: Any) -> tuple[str, np.dtype[Any], tuple[int, ...], int] | None:
         """An input tensor's name, dtype, shape and data's size in bytes, when it is one of the model's inputs
-        in its datatype, of a shape that fits, with no empty dimension and no contents; else None."""
+        in its datatype, of a shape that fits, with no empty dimension, no contents and no parameters; else
+        None."""
         name = tensor.name
         want = self.expected.get(name)
         if want is None:
@@ -264,7 +267,7 @@ class RawPlan:
         for axis, size in fixed:
             if shape[axis] != size:
                 return None
-        if tensor.HasField("contents"):
+        if tensor.HasField("contents") or tensor.parameters:
             return None
         return name, dtype, shape, elements * dtype.itemsize
 

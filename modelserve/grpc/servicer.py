@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 import orjson
 from google.protobuf import json_format
+from starlette.exceptions import HTTPException
 
 from modelserve.api import Stream
 from modelserve.context import RequestContext, current, new_request_id, sane_request_id
@@ -49,18 +50,53 @@ from modelserve.v2_signature import Signature
 
 logger = logging.getLogger("modelserve")
 
-#: The gRPC status of each HTTP status the error map answers with.
+#: The gRPC status of each HTTP status the error map answers with (google.rpc.Code's HTTP mapping); any other
+#: 4xx is INVALID_ARGUMENT (the caller's mistake) and any other status INTERNAL (`code_of`). User code's
+#: starlette `HTTPException` may answer any status.
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
     409: grpc.StatusCode.ALREADY_EXISTS,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     499: grpc.StatusCode.CANCELLED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    502: grpc.StatusCode.UNAVAILABLE,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+
+
+def code_of(status: int) -> grpc.StatusCode:
+    """The gRPC status code of an HTTP status."""
+    code = CODES.get(status)
+    if code is None:
+        code = grpc.StatusCode.INVALID_ARGUMENT if 400 <= status < 500 else grpc.StatusCode.INTERNAL
+    return code
+
+
+def details(body: bytes, status: int) -> str:
+    """The status message of an error body (`render`'s): its ``error``, and for a 500 its request id, which the
+    message tells the caller to look for in the server log (HTTP sends it in the body beside the message)."""
+    answer = orjson.loads(body)
+    message: str = answer["error"]
+    if status == 500:
+        message = f"{message} (request id {answer['request_id']})"
+    return message
+
+
+def _passed_on(exc: HTTPException) -> HTTPError:
+    """User code's starlette (or FastAPI) `HTTPException` as the error of its status and detail, as the HTTP
+    error map answers it."""
+    error = HTTPError(str(exc.detail))
+    error.status_code = exc.status_code
+    return error
+
+
 #: The methods a client may call without an API key (the probes).
 OPEN = frozenset({"ServerLive", "ServerReady"})
 _UNPLANNED: Any = object()
@@ -163,6 +199,8 @@ class InferenceServicer:
         #: The V2 model of each API, and of each version of the versioned ones (`modelserve.repository`).
         self.models = {name: V2Model(api) for name, api in realtime.items() if name not in server.versions}
         self.versioned = {name: V2Versions(server, name) for name in realtime if name in server.versions}
+        #: The names of the models served.
+        self.known = frozenset(realtime)
         #: The largest message any API takes (gRPC's own limit); each API's ``max_body_size`` is checked too.
         self.max_message = max((api.config.max_body_size for api in server.all_apis()), default=1 << 20)
         #: The fast path of each model signature's usual request (None: the model has none), made on first use.
@@ -198,8 +236,8 @@ class InferenceServicer:
         keys = self.keys
         if keys is None or method in OPEN:
             return
-        if api is not None and keys.protected_apis is not None and api not in keys.protected_apis:
-            return
+        if api is not None and keys.protected_apis is not None and api not in keys.protected_apis and api in self.known:
+            return  # one of the models that `auth.apis` leaves open (a name that is no model's needs a key)
         if metadata is None:
             metadata = _metadata(context)
         authorization, api_key = metadata.get("authorization"), metadata.get("x-api-key")
@@ -213,8 +251,7 @@ class InferenceServicer:
 
     async def _abort(self, context: Any, exc: BaseException, request_id: str) -> None:
         status, body, _ = render(exc, request_id)
-        message = _shown(orjson.loads(body)["error"], MAX_DETAILS)
-        await context.abort(CODES.get(status, grpc.StatusCode.INTERNAL), message)
+        await context.abort(code_of(status), _shown(details(body, status), MAX_DETAILS))
 
     async def _answer(self, context: Any, method: str, api: str | None, make: Callable[[], Any]) -> Any:
         """The answer of a method other than an inference, or its error as a status."""
@@ -341,8 +378,8 @@ class InferenceServicer:
 
     @staticmethod
     def _stream_error(exc: HTTPError, request_id: str) -> Any:
-        _, body, _ = render(exc, request_id)
-        return pb.ModelStreamInferResponse(error_message=orjson.loads(body)["error"])
+        status, body, _ = render(exc, request_id)
+        return pb.ModelStreamInferResponse(error_message=details(body, status))
 
     async def _chunks(self, chunks: _Chunks, request_id: str) -> AsyncIterator[Any]:
         """One response per chunk of a generating API's stream; an error ends the stream with its message."""
@@ -396,9 +433,9 @@ class InferenceServicer:
         error: HTTPError
         try:
             keys = self.keys
-            if keys is not None and keys.protected_apis is None:
-                # Every API needs a key: a call without one learns nothing, not even whether its model exists
-                # (as over HTTP, where an unknown path is a 401 too).
+            if keys is not None and (keys.protected_apis is None or request.model_name not in self.known):
+                # Every API needs a key, or the name is no model's: a call without one learns nothing, not even
+                # whether its model exists (as over HTTP, where an unknown path is a 401 too).
                 self._authorize(context, "ModelInfer", None, metadata)
             model = self.model(request.model_name, request.model_version)
             if keys is not None and keys.protected_apis is not None:
@@ -442,6 +479,9 @@ class InferenceServicer:
             error = exc
             if request is MALFORMED:
                 error = BadRequest(f"the request's {len(data or b'')} bytes are not an inference.ModelInferRequest")
+            status = error.status_code
+        except HTTPException as exc:  # user code's: its status and detail, as over HTTP
+            error = _passed_on(exc)
             status = error.status_code
         except Exception as exc:
             status = 500

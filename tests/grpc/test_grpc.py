@@ -142,7 +142,7 @@ def raw_call(address: str, method: str, request: Any, response: Any, **kwargs: A
 def test_health_and_metadata(client: Any) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("simple") and client.is_model_ready("simple", "1")
-    assert not client.is_model_ready("simple", "2") and not client.is_model_ready("nothing")
+    assert not client.is_model_ready("simple", "2") and not client.is_model_ready("nothing", headers=KEY)
     with pytest.raises(InferenceServerException):  # keys are on: what is not one API's needs one, as over HTTP
         client.get_server_metadata()
     metadata = client.get_server_metadata(headers=KEY)
@@ -198,7 +198,7 @@ def test_infer_with_typed_contents(address: str) -> None:
 
 def test_stream_infer_answers_each_request(client: Any) -> None:
     answers: queue.Queue[Any] = queue.Queue()
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=KEY)
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     for shift in range(3):
         client.async_stream_infer("simple", simple_inputs(a, np.full((1, 16), shift, np.int32)))
@@ -245,8 +245,8 @@ REFUSED = {
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_bad_input_gets_a_status_naming_it(address: str, case: str) -> None:
     request, code, words = REFUSED[case]
-    with pytest.raises(grpc.RpcError) as error:
-        raw_call(address, "ModelInfer", request, service_pb2.ModelInferResponse)
+    with pytest.raises(grpc.RpcError) as error:  # with a key: a model name that is no model's needs one
+        raw_call(address, "ModelInfer", request, service_pb2.ModelInferResponse, metadata=list(KEY.items()))
     assert error.value.code().name == code, error.value.details()
     assert words in (error.value.details() or "")
 
