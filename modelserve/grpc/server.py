@@ -6,8 +6,8 @@ its event loop when it starts loading, and stops it when it closes. It serves
 * ``inference.GRPCInferenceService`` (`modelserve.grpc.servicer`), registered from the service's descriptor:
   the methods modelserve implements; the others (shared memory, trace and log settings) answer
   UNIMPLEMENTED;
-* ``grpc.health.v1.Health`` for Kubernetes probes: NOT_SERVING until every API is ready, then SERVING, for
-  the server (``""``), for ``inference.GRPCInferenceService`` and for each API by name.
+* ``grpc.health.v1.Health`` for Kubernetes probes (`modelserve.grpc.health`): NOT_SERVING until every API is
+  ready, then SERVING, for the server (``""``), for ``inference.GRPCInferenceService`` and for each API by name.
 
 Messages larger than the largest ``max_body_size`` of the APIs are refused by gRPC itself
 (RESOURCE_EXHAUSTED); each API's own limit is checked by the servicer.
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1 import health_pb2
 
 from modelserve import devices
 from modelserve.errors import LoadError
 from modelserve.grpc._proto import grpc_service_pb2 as pb
+from modelserve.grpc.health import NOT_SERVING, SERVING, Health
 from modelserve.grpc.servicer import MALFORMED, InferenceServicer
 from modelserve.http.auth import ApiKeys
 from modelserve.server import ModelServer
@@ -123,6 +123,17 @@ def inference_handler(servicer: InferenceServicer, traced: TracedCalls | None = 
     return grpc.method_handlers_generic_handler(service.full_name, methods)
 
 
+def health_handler(health: Health) -> grpc.GenericRpcHandler:
+    """``grpc.health.v1.Health``'s methods, whose requests `parsed` reads (`Health` refuses what is not one)."""
+    request, response = health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+    options = {"request_deserializer": parsed(request.FromString), "response_serializer": response.SerializeToString}
+    methods = {
+        "Check": grpc.unary_unary_rpc_method_handler(health.Check, **options),
+        "Watch": grpc.unary_stream_rpc_method_handler(health.Watch, **options),
+    }
+    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", methods)
+
+
 class GrpcServer:
     """Serves a model server's APIs over gRPC on ``host:port`` (TLS with a certificate and its key)."""
 
@@ -142,7 +153,7 @@ class GrpcServer:
         auth = server.project.auth
         keys = ApiKeys.from_config(auth, server.project.root) if auth is not None else None
         self.servicer = InferenceServicer(server, keys)
-        self.health = HealthServicer()
+        self.health = Health()
         server.repository.on_change.append(self.refresh)
         self._grpc: grpc.aio.Server | None = None
         self._watching: asyncio.Task[None] | None = None
@@ -163,8 +174,7 @@ class GrpcServer:
             from modelserve.grpc.tracing import TracedCalls
 
             traced = TracedCalls(SERVICE, self.host, self.port)
-        server.add_generic_rpc_handlers((inference_handler(self.servicer, traced),))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        server.add_generic_rpc_handlers((inference_handler(self.servicer, traced), health_handler(self.health)))
         await self._set_health()
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
@@ -201,13 +211,12 @@ class GrpcServer:
 
     async def _set_health(self) -> None:
         """The health service's statuses, from the APIs' readiness now (the server's: in every worker)."""
-        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
         ready = self._serving = self.server.workers_ready()[0]
         for service in ("", SERVICE):
-            await self.health.set(service, serving if ready else not_serving)
+            await self.health.set(service, SERVING if ready else NOT_SERVING)
         for name in self.servicer.names():
             ready = self.servicer.model(name, "").api.ready
-            await self.health.set(name, serving if ready else not_serving)
+            await self.health.set(name, SERVING if ready else NOT_SERVING)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop taking calls; the running ones get `grace` seconds to finish."""
