@@ -30,10 +30,11 @@ auth:
   api_keys_env: GRPC_DOCS_KEYS
   apis: [guarded]
 apis:
-  - {name: open, handler: {path: model.py, class: Doubles}}
-  - {name: guarded, handler: {path: model.py, class: Doubles}}
-  - {name: raiser, handler: {path: model.py, class: Raiser}}
-  - {name: later, handler: {path: model.py, class: Doubles}}
+  - {name: open, handler: {path: model.py, class: Doubles}, max_body_size: 65536}
+  - {name: guarded, handler: {path: model.py, class: Doubles}, max_body_size: 65536}
+  - {name: raiser, handler: {path: model.py, class: Raiser}, max_body_size: 65536}
+  - {name: later, handler: {path: model.py, class: Doubles}, max_body_size: 65536}
+  - {name: small, handler: {path: model.py, class: Doubles}, max_body_size: 100}
 """
 
 MODEL = """
@@ -67,7 +68,7 @@ def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = write_project(tmp_path_factory.mktemp("grpc-docs"), {"modelserve.yaml": PROJECT, "model.py": MODEL})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GRPC_DOCS_KEYS", "docs-key")
-        with served(root, load=["open", "guarded", "raiser"]) as (_, grpc_address):
+        with served(root, load=["open", "guarded", "raiser", "small"]) as (_, grpc_address):
             yield grpc_address
 
 
@@ -201,6 +202,41 @@ def test_an_input_in_shared_memory_is_refused_naming_it(client: Any, address: st
 def test_triton_s_scheduling_parameters_are_ignored(client: Any) -> None:
     answer = client.infer("open", [x_input([1.5])], sequence_id=7, sequence_start=True, priority=1, timeout=1)
     assert answer.as_numpy("y").tolist() == [3.0]
+
+
+def _doubled(name: str, count: int, request_id: str) -> Any:
+    request = service_pb2.ModelInferRequest(model_name=name, id=request_id)
+    request.inputs.add(name="x", datatype="FP32", shape=[count])
+    request.raw_input_contents.append(np.ones(count, np.float32).tobytes())
+    return request
+
+
+def test_a_stream_goes_on_past_an_api_s_limit_and_ends_at_grpc_s(address: str) -> None:
+    """gRPC's own limit is the largest max_body_size (64 KiB here); ``small`` takes 100 bytes."""
+    requests = [_doubled("open", 2, "a"), _doubled("small", 40, "b"), _doubled("open", 2, "c")]
+    requests += [_doubled("open", 20_000, "d"), _doubled("open", 2, "e")]
+    answers = []
+    with grpc.insecure_channel(address) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            for response in stream(iter(requests), timeout=30):
+                answers.append(response.infer_response.id or response.error_message)
+    size = requests[1].ByteSize()
+    assert answers == ["a", f"the request of {size} bytes is larger than the limit of 100 bytes", "c"]
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_grpc_port_with_an_encrypted_key_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelserve.cli import main
+
+    project = str(REPO / "examples" / "iris-onnx")
+    tls = ["--ssl-certfile", "cert.pem", "--ssl-keyfile", "key.pem", "--ssl-keyfile-password-env", "KEY_PASSWORD"]
+    assert main([project, "--port", "18888", "--grpc-port", "18001", *tls]) == 2
+    assert "modelserve: error: --grpc-port serves TLS with an unencrypted private key only" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------
