@@ -40,6 +40,7 @@ of modelserve is kept, mapped to a setting of granian or enforced in front of th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -49,7 +50,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelserve.errors import BodyTimeout, install_hint
+from modelserve.errors import BadRequest, BodyTimeout, install_hint
 from modelserve.http._asgi import ARRIVED, CLOSE, REFUSED, request_headers
 from modelserve.http._protocol import TransportLimits
 from modelserve.http.errors import send_error
@@ -57,6 +58,8 @@ from modelserve.http.guard import host_count, more_than_one_host
 
 logger = logging.getLogger(__name__)
 
+#: The answer to a request whose body hyper ended before it was whole, the app having answered nothing.
+BODY_CUT = "the request body is malformed or ended before it was whole"
 #: hyper's smallest read buffer, and so the smallest header limit granian can hold to.
 MIN_HEADER_SIZE = 8192
 #: granian's longest header read timeout, in seconds.
@@ -125,7 +128,18 @@ class _Request:
     same first message): when it fires while the request waits on ``receive``, it cancels the request's task
     and that wait ends as ``http.disconnect``. (``asyncio.wait_for`` on each receive made a task per request.)"""
 
-    __slots__ = ("_receive", "_send", "_task", "_timer", "_waiting", "deadline", "expired", "reading", "started")
+    __slots__ = (
+        "_receive",
+        "_send",
+        "_task",
+        "_timer",
+        "_waiting",
+        "cut",
+        "deadline",
+        "expired",
+        "reading",
+        "started",
+    )
 
     def __init__(self, receive: Receive, send: Send, deadline: float) -> None:
         self._receive = receive
@@ -134,6 +148,8 @@ class _Request:
         self.deadline = deadline
         self.reading = True
         self.expired = False
+        #: Whether the body ended before it was whole (hyper ends a malformed one so, as a lost client's).
+        self.cut = False
         self.started = False
         self._task: asyncio.Task[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -161,7 +177,10 @@ class _Request:
             return {"type": "http.disconnect"}
         finally:
             self._waiting = False
-        if message["type"] != "http.request" or not message.get("more_body", False):
+        if message["type"] != "http.request":
+            self.cut = True
+            self.close()
+        elif not message.get("more_body", False):
             self.close()
         return message
 
@@ -307,8 +326,16 @@ class EdgeLimits:
             refused_at = scope.pop(REFUSED, None)
             if refused_at is not None and self.refusals.pause > 0:
                 self.refusals.note(client, refused_at)
-        if request.expired and not request.started:
+        if request.started:
+            return
+        if request.expired:
             await send_error(send, BodyTimeout(headers=CLOSE), request_headers(scope)[0])
+        elif request.cut:
+            # A body hyper could not read (a malformed chunk, a length it never reached): granian would answer
+            # the app's silence with a plain-text 500; uvicorn's parser answers such a request 400. To a client
+            # that left, nothing is sent.
+            with contextlib.suppress(Exception):
+                await send_error(send, BadRequest(BODY_CUT, headers=CLOSE), request_headers(scope)[0])
 
 
 def probe_bind(host: str, port: int) -> None:

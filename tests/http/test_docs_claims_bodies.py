@@ -375,3 +375,46 @@ def test_a_stream_waiting_on_a_client_that_stopped_reading_ends_as_its_cancel(
         time.sleep(0.02)
     assert counted(server, api, 503) == before[1]
     assert "stopped by the server's shutdown" not in server.log
+
+
+@pytest.mark.parametrize(("mode", "value"), [("lines", "a\rbc\r\nde\nf"), ("nothing", [])])
+def test_a_stream_asked_for_as_json_is_collected(server: Any, mode: str, value: Any) -> None:
+    answer = httpx.post(server.url + "/stream", json={"mode": mode}, headers={"accept": "application/json"})
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json() == value
+
+
+def test_a_body_answered_before_any_api_is_read_and_dropped(server: Any) -> None:
+    """A 404 given while the body still comes keeps the connection: the rest of the body is read and dropped,
+    and the connection serves the next request."""
+    with connect(server) as sock:
+        sock.sendall(b"POST /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 200000\r\n\r\n" + b" " * 1000)
+        answer = read_http_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 404")
+        assert b"\r\nconnection: close" not in head_of(answer)
+        sock.sendall(b" " * 199000 + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert read_http_answer(sock).startswith(b"HTTP/1.1 200")
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/edge.md
+
+
+@pytest.fixture(scope="module")
+def granian_server(project: Path, start_server_module: Any) -> Any:
+    pytest.importorskip("granian")
+    server = start_server_module(project, "--server", "granian")
+    server.wait_ready()
+    return server
+
+
+@pytest.mark.parametrize("edge", ["server", "granian_server"])
+def test_a_malformed_chunked_body_is_a_400_that_closes(edge: str, request: pytest.FixtureRequest) -> None:
+    """Bad input is a 4xx on both edges: granian answered a chunk size that is not hexadecimal with a plain-text
+    500 (the app had seen the body end as a lost client's, and answered nothing)."""
+    server = request.getfixturevalue(edge)
+    with connect(server) as sock:
+        sock.sendall(post("/echo", b"zz\r\n{}\r\n0\r\n\r\n", "Transfer-Encoding: chunked"))
+        answer = read_to_end(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"\r\nconnection: close" in head_of(answer)
