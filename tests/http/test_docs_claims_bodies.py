@@ -290,6 +290,7 @@ def test_a_stream_of_no_chunks_sends_nothing(server: Any, accept: str) -> None:
     answer = httpx.post(server.url + "/stream", json={"mode": "nothing"}, headers={"accept": accept})
     assert answer.status_code == 200
     assert answer.content == b""
+    assert answer.headers["content-type"].startswith("text/event-stream" if "event" in accept else "text/plain")
 
 
 # --------------------------------------------------------------------------------------------------
