@@ -68,6 +68,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _reason(exc: Exception) -> str:
+    """numpy's message about a value, cut short: it quotes the value, which may be a string of megabytes."""
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 class _Unusable(Exception):
     """A value that cannot become the input's dtype; the message says why."""
 
@@ -88,6 +94,27 @@ def holds_bool(data: Any) -> bool:
     return False
 
 
+def leaf_types(data: Any) -> set[type]:
+    """The types of the items of decoded JSON `data` (nested lists, regular or not), lists left out.
+
+    Looked at before numpy makes an array of them: numpy gives nested lists that hold a string one string dtype
+    as wide as the longest string, so a body of a million short items and one long string would ask for a
+    million times the long one (``[1, 1, ..., "x" * 5_000_000]``: 18 TiB). Each list's items are typed in one
+    call (``set(map(type, items))``), about what numpy's conversion of them costs."""
+    if type(data) is not list:
+        return {type(data)}
+    found: set[type] = set()
+    rows = [data]
+    while rows:
+        items = rows.pop()
+        types = set(map(type, items))
+        if list in types:
+            types.discard(list)
+            rows.extend(item for item in items if type(item) is list)
+        found |= types
+    return found
+
+
 def booleans_in(value: Any, array: np.ndarray) -> bool:
     """Whether decoded JSON `value`, which numpy made `array` of, held a true or a false.
 
@@ -104,6 +131,8 @@ def booleans_in(value: Any, array: np.ndarray) -> bool:
 #: Items from which `booleans_in` looks at the array before the items (two ufuncs cost more below).
 _LOOK_FIRST = 256
 _BOOLEANS = "holds true or false, which is not a number"
+_NOT_BOOL = "holds a value that is not true, false, 0 or 1"
+_STRINGS = "holds a string, which is not a number"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,7 +151,7 @@ def _to_float(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
         try:
             array = np.asarray(value, dtype=dtype)
         except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:
-            raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+            raise _Unusable(f"cannot be converted to {dtype.name} ({_reason(exc)})") from None
         if booleans_in(value, array):
             raise _Unusable(_BOOLEANS)
         # JSON has no NaN or infinity: one here came from a null, or a number too large for the dtype. For
@@ -158,14 +187,20 @@ def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
         return _Unusable(f"holds {number}, out of {bounds}")
 
     def convert(value: Any) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            # The items' types before numpy makes an array of them: it would widen a string among them into one
+            # string dtype as wide as the longest (`leaf_types`).
+            types = leaf_types(value)
+            if bool in types:
+                raise _Unusable(_BOOLEANS)
+            if str in types or bytes in types:
+                raise _Unusable(_STRINGS)
         try:
             raw = value if isinstance(value, np.ndarray) else np.asarray(value)
         except OverflowError:  # a Python int beyond 64 bits
             raise _too_large_int(value, info.min, info.max, out_of_range) from None
         except (ValueError, TypeError) as exc:
-            raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
-        if raw is not value and booleans_in(value, raw):
-            raise _Unusable(_BOOLEANS)
+            raise _Unusable(f"cannot be converted to {dtype.name} ({_reason(exc)})") from None
         if raw.dtype == dtype:  # the fast path: JSON integers parsed straight into the input's dtype
             return raw
         kind = raw.dtype.kind
@@ -188,7 +223,7 @@ def _to_int(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
             try:
                 return raw.astype(dtype)
             except (ValueError, TypeError, OverflowError) as exc:
-                raise _Unusable(f"cannot be converted to {dtype.name} ({exc})") from None
+                raise _Unusable(f"cannot be converted to {dtype.name} ({_reason(exc)})") from None
         return raw.astype(dtype)
 
     return convert
@@ -208,15 +243,19 @@ def _too_large_int(value: Any, low: int, high: int, out_of_range: Callable[[Any]
 
 def _to_bool(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
     def convert(value: Any) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            types = leaf_types(value)  # before numpy widens strings into one dtype (`leaf_types`)
+            if str in types or bytes in types:
+                raise _Unusable(_NOT_BOOL)
         try:
             raw = value if isinstance(value, np.ndarray) else np.asarray(value)
         except (ValueError, TypeError) as exc:
-            raise _Unusable(f"cannot be converted to bool ({exc})") from None
+            raise _Unusable(f"cannot be converted to bool ({_reason(exc)})") from None
         if raw.dtype.kind == "b":
             return raw
         if raw.dtype.kind in "iuf" and ((raw == 0) | (raw == 1)).all():
             return raw.astype(np.bool_)
-        raise _Unusable("holds a value that is not true, false, 0 or 1")
+        raise _Unusable(_NOT_BOOL)
 
     return convert
 
@@ -224,9 +263,11 @@ def _to_bool(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
 def _to_string(dtype: np.dtype[Any]) -> Callable[[Any], np.ndarray]:
     def convert(value: Any) -> np.ndarray:
         try:
-            raw = value if isinstance(value, np.ndarray) else np.asarray(value)
+            # The strings themselves, not numpy's string dtype as wide as the longest of them (`leaf_types`);
+            # a number stays a number, and is refused below.
+            raw = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object)
         except (ValueError, TypeError) as exc:
-            raise _Unusable(f"cannot be converted to strings ({exc})") from None
+            raise _Unusable(f"cannot be converted to strings ({_reason(exc)})") from None
         if raw.dtype.kind in "US":
             return raw.astype(object)
         if raw.dtype.kind == "O" and all(isinstance(item, (str, bytes)) for item in raw.flat):

@@ -1,0 +1,183 @@
+"""What docs/batching.md and docs/runtimes.md promise, held to a real server where no other test checked exactly
+that claim: admission and the waiting line of a batched API, what ``GET /<api>`` says of batching, and the 400s
+for values a model's inputs cannot take (decided before numpy makes an array the body could inflate)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import write_project
+from tests.models import iris_onnx, save_model
+from tests.test_batching import wait_in_flight
+
+MODEL = """
+import time
+from pathlib import Path
+
+
+class Model:
+    def predict(self, batch):
+        with open("batches.log", "a") as log:
+            log.write(f"{len(batch)}\\n")
+        deadline = time.monotonic() + 20  # bounds a failing test
+        while any(item.get("hold") for item in batch) and not Path("release").exists():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        return [{"x": item["x"]} for item in batch]
+"""
+
+
+def identity_onnx(path: Path, dtype: int) -> Path:
+    """i [batch] of `dtype` -> out, the same."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["i"], ["out"])],
+        "identity",
+        [helper.make_tensor_value_info("i", dtype, ["batch"])],
+        [helper.make_tensor_value_info("out", dtype, ["batch"])],
+    )
+    return save_model(graph, path)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs-claims-batching")
+    iris_onnx(root / "iris.onnx")
+    for name, dtype in (("string", TensorProto.STRING), ("int", TensorProto.INT64), ("bool", TensorProto.BOOL)):
+        identity_onnx(root / f"{name}.onnx", dtype)
+    return write_project(
+        root,
+        {
+            "model.py": MODEL,
+            "modelserve.yaml": """
+                apis:
+                  - name: held
+                    handler: {path: model.py}
+                    max_queue_length: 1
+                    max_queue_wait: false
+                    batching: {max_batch_size: 2}
+                  - name: defaults
+                    handler: {path: model.py}
+                    batching: {}
+                  - name: iris
+                    model: {path: iris.onnx}
+                  - name: string
+                    model: {path: string.onnx}
+                  - name: int
+                    model: {path: int.onnx}
+                  - name: bool
+                    model: {path: bool.onnx}
+            """,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def server(project: Path, start_server_module: Any) -> Any:
+    server = start_server_module(project)
+    server.wait_ready()
+    return server
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/batching.md: admission, the waiting line, GET /<api>
+
+
+def test_a_batched_api_admits_a_batch_more_than_it_runs_then_its_line_then_503(server: Any, project: Path) -> None:
+    """'Admission counts (max_concurrency + 1) x max_batch_size requests as in flight [...] max_queue_length more
+    may wait; beyond that, 503.' With max_batch_size 2 and max_queue_length 1: 4 in flight, 1 waiting, the
+    sixth refused; the others get their own answers once the model goes on."""
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            first = [asyncio.ensure_future(http.post("/held", json={"x": x, "hold": True})) for x in range(5)]
+            await asyncio.to_thread(wait_in_flight, server, "held", 4)
+            metrics = (await http.get("/metrics")).text
+            assert 'modelserve_requests_waiting{api="held"} 1.0' in metrics.splitlines()
+            refused = await http.post("/held", json={"x": 5, "hold": True})
+            (project / "release").touch()
+            return [refused, *await asyncio.gather(*first)]
+
+    refused, *answers = asyncio.run(scenario())
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"]
+    assert refused.json()["request_id"] == refused.headers["x-request-id"]
+    assert [answer.json() for answer in answers] == [{"x": x} for x in range(5)]
+    sizes = [int(line) for line in (project / "batches.log").read_text().split()]
+    assert sum(sizes) == 5 and max(sizes) <= 2
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/runtimes.md: values converted to each input's dtype; one that does not fit is a 400, never a 500
+
+
+def post_json(client: httpx.Client, api: str, value: Any) -> httpx.Response:
+    return client.post(f"/{api}", content=orjson.dumps(value), headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    ("api", "value", "fragment"),
+    [
+        # numpy would make one string dtype as wide as the longest string of the list, for every item: these
+        # bodies of ~1 MB asked for about 0.8 TB, a MemoryError answered 500 (and smaller ones got it).
+        ("string", [""] * 200_000 + ["x" * 1_000_000, 1], "input 'i': expected string with shape [batch]"),
+        ("int", [1] * 200_000 + ["x" * 1_000_000], "input 'i': expected int64 with shape [batch]"),
+        ("bool", [1] * 200_000 + ["x" * 1_000_000], "input 'i': expected bool with shape [batch]"),
+    ],
+)
+def test_a_long_string_among_many_items_is_a_400_not_an_inflated_array(
+    client: httpx.Client, api: str, value: Any, fragment: str
+) -> None:
+    answer = post_json(client, api, value)
+    assert answer.status_code == 400, answer.text[:300]
+    assert fragment in answer.json()["error"]
+    assert len(answer.content) < 1000  # the value is quoted short, never whole
+
+
+@pytest.mark.parametrize(
+    ("api", "value", "fragment"),
+    [
+        ("string", ["a", 1], "which holds a value that is not a string"),
+        ("int", ["12", 3], "which holds a string, which is not a number"),
+        ("int", [True, 3], "which holds true or false, which is not a number"),
+        ("bool", ["true"], "which holds a value that is not true, false, 0 or 1"),
+    ],
+)
+def test_strings_go_to_string_inputs_and_numbers_to_numeric_ones(
+    client: httpx.Client, api: str, value: Any, fragment: str
+) -> None:
+    """'numbers to float or integer tensors, true/false/0/1 to bool, strings to string tensors'."""
+    answer = post_json(client, api, value)
+    assert answer.status_code == 400
+    assert fragment in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("api", "value", "expected"),
+    [("string", ["a", "bc"], ["a", "bc"]), ("string", "solo", ["solo"]), ("int", [2.0, 3], [2, 3])],
+)
+def test_values_that_fit_are_converted(client: httpx.Client, api: str, value: Any, expected: Any) -> None:
+    assert post_json(client, api, value).json() == {"out": expected}
+
+
+def test_a_message_from_numpy_quotes_the_value_short(client: httpx.Client) -> None:
+    """The 400 names the input and what was wrong; numpy's own message, which quotes the value whole, is cut
+    short (a string of 5 MB was sent back whole)."""
+    answer = post_json(client, "iris", [[1.0, 2.0, 3.0, "x" * 1_000_000]])
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith("input 'input': expected float32 with shape [batch, 4]; received")
+    assert len(answer.content) < 1000
