@@ -121,6 +121,18 @@ def test_a_batched_api_admits_a_batch_more_than_it_runs_then_its_line_then_503(s
     assert sum(sizes) == 5 and max(sizes) <= 2
 
 
+@pytest.mark.parametrize(("api", "size"), [("held", 2), ("defaults", 8)])
+def test_get_shows_a_model_class_apis_batching(client: httpx.Client, api: str, size: int) -> None:
+    """A batched Model class's GET /<api> says it batches, with its settings (max_batch_size 8 and max_wait_ms 0
+    by default, as the page's configuration says) and the requests waiting for a batch, as a model file's does."""
+    batching = client.get(f"/{api}").json()["batching"]
+    assert batching == {"max_batch_size": size, "max_wait_ms": 0.0, "waiting": 0}
+
+
+def test_get_shows_no_batching_for_an_api_without_it(client: httpx.Client) -> None:
+    assert client.get("/iris").json()["batching"] is None
+
+
 # --------------------------------------------------------------------------------------------------
 # docs/runtimes.md: values converted to each input's dtype; one that does not fit is a 400, never a 500
 

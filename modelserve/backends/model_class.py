@@ -316,8 +316,22 @@ class ModelClassBackend(Backend):
             },
             "load": self.spec.has_load,
             "secrets": sorted(self.api.secrets),
+            "batching": self._describe_batching(),
             "device": self.device.name,
             "worker": devices.worker_slot(),
+        }
+
+    def _describe_batching(self) -> dict[str, Any] | None:
+        """Its settings and the requests waiting for a batch, as a model file's API shows them first; None
+        without batching."""
+        batching = self.api.batching
+        if batching is None:
+            return None
+        batcher = getattr(self, "batcher", None)  # built at load
+        return {
+            "max_batch_size": batching.max_batch_size,
+            "max_wait_ms": batching.max_wait_ms,
+            "waiting": batcher.waiting if batcher is not None else 0,
         }
 
 
