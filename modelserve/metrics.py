@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import glob
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -325,15 +326,18 @@ class MetricsClient:
         self._metrics.user_metric("gauge", metric, tags).set(_number(metric, value))
 
     def increment(self, metric: str, value: float = 1, tags: dict[str, Any] | None = None) -> None:
-        """Add `value` (>= 0) to counter `metric` (exposed as ``<metric>_total``)."""
+        """Add `value` (finite, >= 0) to counter `metric` (exposed as ``<metric>_total``)."""
         amount = _number(metric, value)
-        if amount < 0:
-            raise MetricsError(f"counter {metric!r} can only be incremented by a value >= 0, got {value!r}")
+        if not 0 <= amount < math.inf:  # a NaN or an infinity would stay in the counter for good
+            raise MetricsError(f"counter {metric!r} can only be incremented by a finite value >= 0, got {value!r}")
         self._metrics.user_metric("counter", metric, tags).inc(amount)
 
     def histogram(self, metric: str, value: float, tags: dict[str, Any] | None = None) -> None:
-        """Record one observation of `value` in histogram `metric`."""
-        self._metrics.user_metric("histogram", metric, tags).observe(_number(metric, value))
+        """Record one observation of `value` (finite) in histogram `metric`."""
+        amount = _number(metric, value)
+        if not math.isfinite(amount):  # its _sum would stay NaN or infinite for good
+            raise MetricsError(f"histogram {metric!r} can only observe a finite value, got {value!r}")
+        self._metrics.user_metric("histogram", metric, tags).observe(amount)
 
 
 class _WithoutCreated:
