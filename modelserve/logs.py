@@ -12,9 +12,10 @@ request being served, from sync and async code alike (the ids come from a contex
 With ``--log-format json`` that line is
 ``{"asctime": ..., "levelname": "INFO", "message": "scored", "process": 4242, "logger": "modelserve.user",
 "api": "iris", "request_id": "...", "rows": 3, "model": {"name": "iris", "version": 3}}``: the keys of
-``extra`` are flattened one level into the object. An extra key that would overwrite a key modelserve
-writes (``asctime``, ``levelname``, ``message``, ``process``, ``labels``, ``logger``, ``api``,
-``request_id``...) is written as ``extra_<key>`` instead. With tracing on, a line written inside a span also
+``extra`` are flattened one level into the object. An extra key named as a key modelserve writes
+(``asctime``, ``levelname``, ``message``, ``process``, ``labels``, ``logger``, ``api``, ``request_id``,
+``trace_id``, ``span_id``, ``exc_info``, ``stack_info``) is written as ``extra_<key>`` instead, whether or not
+that line has modelserve's key. With tracing on, a line written inside a span also
 has ``trace_id`` and ``span_id`` (hex, as trace back-ends show them).
 """
 
@@ -203,9 +204,14 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+#: Keys modelserve writes into a JSON line, on some lines only: an ``extra`` key of that name is renamed on every
+#: line, so that a log pipeline never reads a user's value under one of them (nor loses it to a traceback).
+_OWN_KEYS = RESERVED_KEYS | {"logger", *_CONTEXT_KEYS, "exc_info", "stack_info"}
+
+
 def _put(entry: dict[str, Any], key: Any, value: Any) -> None:
     key = str(key)
-    if key in RESERVED_KEYS or key in entry:
+    if key in _OWN_KEYS or key in entry:
         key = "extra_" + key
         if key in entry:
             return
