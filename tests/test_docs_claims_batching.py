@@ -12,8 +12,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import yaml
 from onnx import TensorProto, helper
 
+from modelserve.config import parse_project
+from modelserve.errors import ConfigError
 from tests.conftest import write_project
 from tests.models import iris_onnx, save_model
 from tests.test_batching import wait_in_flight
@@ -21,6 +24,8 @@ from tests.test_batching import wait_in_flight
 MODEL = """
 import time
 from pathlib import Path
+
+import numpy as np
 
 
 class Model:
@@ -32,6 +37,8 @@ class Model:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+        if any(item.get("array") for item in batch):
+            return np.arange(len(batch))  # not a list
         return [{"x": item["x"]} for item in batch]
 """
 
@@ -133,6 +140,15 @@ def test_get_shows_no_batching_for_an_api_without_it(client: httpx.Client) -> No
     assert client.get("/iris").json()["batching"] is None
 
 
+def test_a_predict_that_returns_no_list_fails_with_a_500_and_the_log_says_why(server: Any) -> None:
+    """'A predict that returns [...] no list at all (a numpy array [...]) fails every request of that batch with a
+    500, and the log says why'."""
+    answer = httpx.post(server.url + "/defaults", json={"x": 1, "array": True})
+    assert answer.status_code == 500
+    assert answer.json()["request_id"] == answer.headers["x-request-id"]
+    assert "got a list of 1 inputs and returned ndarray; it must return a list of the same length" in server.log
+
+
 # --------------------------------------------------------------------------------------------------
 # docs/runtimes.md: values converted to each input's dtype; one that does not fit is a 400, never a 500
 
@@ -186,6 +202,13 @@ def test_values_that_fit_are_converted(client: httpx.Client, api: str, value: An
     assert post_json(client, api, value).json() == {"out": expected}
 
 
+def test_a_float_input_reads_a_string_that_spells_a_number(client: httpx.Client) -> None:
+    assert (
+        post_json(client, "iris", [["5.1", 3.5, 1.4, 0.2]]).json()
+        == post_json(client, "iris", [[5.1, 3.5, 1.4, 0.2]]).json()
+    )
+
+
 def test_a_message_from_numpy_quotes_the_value_short(client: httpx.Client) -> None:
     """The 400 names the input and what was wrong; numpy's own message, which quotes the value whole, is cut
     short (a string of 5 MB was sent back whole)."""
@@ -193,3 +216,16 @@ def test_a_message_from_numpy_quotes_the_value_short(client: httpx.Client) -> No
     assert answer.status_code == 400
     assert answer.json()["error"].startswith("input 'input': expected float32 with shape [batch, 4]; received")
     assert len(answer.content) < 1000
+
+
+def test_a_model_with_a_handler_class_is_a_cortex_handler_without_batching(tmp_path: Path) -> None:
+    """'With handler.class as well, the API is no longer a model API with hooks: the class is served as a Cortex
+    TensorFlow/ONNX handler [...], and batching and inline_threshold_ms do not apply to it.'"""
+    iris_onnx(tmp_path / "iris.onnx")
+    write_project(tmp_path, {"handler.py": "class Handler:\n    pass\n"})
+    api = "apis:\n  - name: a\n    model: {path: iris.onnx%s}\n    handler: {path: handler.py, class: Handler}\n"
+    assert parse_project(yaml.safe_load(api % ""), tmp_path).apis[0].backend == "cortex_handler"
+    with pytest.raises(ConfigError) as refused:
+        parse_project(yaml.safe_load(api % ", inline_threshold_ms: 2" + "    batching: {}\n"), tmp_path)
+    assert "key 'batching' applies to a Model class or a model file" in str(refused.value)
+    assert "key 'inline_threshold_ms' applies to a model file served with hooks or none" in str(refused.value)
