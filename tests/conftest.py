@@ -203,13 +203,14 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self._log_dir / f"server-{self.port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        stdout, stderr = self._streams()
         self.process = subprocess.Popen(
-            [*self._command, "--port", str(self.port)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self._env,
-            cwd=str(REPO),
+            [*self._command, "--port", str(self.port)], stdout=stdout, stderr=stderr, env=self._env, cwd=str(REPO)
         )
+
+    def _streams(self) -> tuple[Any, Any]:
+        """The process's stdout and stderr: both into the log file (a subclass may keep them apart)."""
+        return self._log, subprocess.STDOUT
 
     def _lost_its_port(self) -> bool:
         """Whether the process exited because something else bound its port first. `free_port` knows the ports
