@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from modelserve.config import (
+    RESERVED_NAMES,
     ApiConfig,
     HandlerConfig,
     ProjectConfig,
@@ -66,7 +67,6 @@ _DESCRIPTIVE = {"description", "examples_filename", "input_type", "model_framewo
 #: runtime.* keys that modelserve applies.
 _RUNTIME_APPLIED = {"predict_concurrency"}
 _NAME_CHARS = re.compile(r"[^a-z0-9_.]+")
-_RESERVED = {"healthz", "readyz", "metrics"}
 
 
 @dataclass
@@ -89,11 +89,12 @@ class TrussSettings:
 
 
 def api_name(model_name: Any) -> str:
-    """A URL segment from Truss's ``model_name``: ``"Test Async"`` -> ``test-async``; none -> ``model``."""
+    """A URL segment from Truss's ``model_name``: ``"Test Async"`` -> ``test-async``; none, or the name of one of
+    the server's own routes (``docs``, ``v2``...: `RESERVED_NAMES`) -> ``model``."""
     if not isinstance(model_name, str):
         return DEFAULT_API_NAME
     name = _NAME_CHARS.sub("-", model_name.strip().lower()).strip("-_.")[:64].rstrip("-_.")
-    if not name or name in _RESERVED:
+    if not name or name in RESERVED_NAMES:
         return DEFAULT_API_NAME
     return name
 

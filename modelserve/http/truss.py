@@ -8,6 +8,8 @@
     POST /v1/models/<api>:predict_binary  the same call, by Truss's other name
     GET  /ping                     SageMaker's readiness: {} once the API has loaded, else 503
     POST /invocations              SageMaker's call: the API's predict
+    POST /v1/models/model:predict  (and ``:predict_binary``, ``GET /v1/models/model``) the same, under the name
+                                  Truss's clients put in every path, whatever the model's name
 
 A method is called as Truss calls it (`TrussMethod`): the body decoded as JSON (a Content-Type naming text or
 bytes gives those, as the native route does), then the method with the inputs, the request, or both, sync in a
@@ -21,8 +23,10 @@ cancellation, metrics and access line, and the guard (API keys, CORS, the Host c
 msgpack and answer it in msgpack (`modelserve.http._truss_binary`, the ``truss-binary`` extra), as Truss does.
 
 ``:predict``, ``:predict_binary``, ``/ping`` and ``/invocations`` are served for APIs that follow a Truss config
-(a Truss folder, or ``truss:`` in modelserve.yaml); ``/ping`` and ``/invocations`` when the project has one
-realtime API.
+(a Truss folder, or ``truss:`` in modelserve.yaml); ``/ping``, ``/invocations`` and the paths under ``model``
+when the project has one realtime API. Truss's server ignores the model segment of its paths, and its clients
+(``truss predict``, Baseten's ``/production/predict``, Truss's own tests) all send ``/v1/models/model:predict``,
+which a Truss with a ``model_name`` of its own must answer too.
 """
 
 from __future__ import annotations
@@ -49,6 +53,16 @@ if TYPE_CHECKING:
     from modelserve.server import ModelServer
 
 logger = logging.getLogger("modelserve")
+
+
+def _dict_answer(exchange: Exchange, result: dict[str, Any], ctx: RequestContext) -> bytes:
+    """The usual answer, a dict, encoded in line, and refused as the realtime route refuses it: a dict that is
+    not JSON (one holding bytes, say) is the 500 of a user-code failure with the API's log line, not an
+    internal error of the server."""
+    try:
+        return encode_json(result)
+    except EncodeError as exc:
+        raise exchange._not_encoded(ctx, exc) from None
 
 
 def endpoints_of(api: Api) -> list[str]:
@@ -100,7 +114,7 @@ class TrussMethod(Exchange):
 
     def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
         if type(result) is dict:
-            return encode_json(result)
+            return _dict_answer(self, result, ctx)
         if isinstance(result, Stream):
             return self._answer(result, (head[0], head[1], head[2], head[3][0]), ctx)
         return self._answer(result, head, ctx)
@@ -110,13 +124,14 @@ class TrussMethod(Exchange):
 
 class _TrussBinary(RealtimeEndpoint):
     """The realtime route as Truss's predict answers: a body sent as ``application/octet-stream`` is Truss's
-    msgpack (`modelserve.http._truss_binary`), and so is the answer to it (a stream excepted); any other body
-    is decoded as the native route decodes it."""
+    msgpack (`modelserve.http._truss_binary`), and so is the answer to it (a stream excepted); a body with no
+    Content-Type is JSON, as Truss reads every body (``requests.post(url, data=json.dumps(...))`` sends none);
+    any other body is decoded as the native route decodes it."""
 
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> Any:
         if _truss_binary.is_binary(head[1]):
             return _truss_binary.loads(body)
-        return decode_payload(head[1], body)
+        return decode_payload(head[1] or "application/json", body)
 
     def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
         if _truss_binary.is_binary(head[1]) and not isinstance(result, (Stream, Response)):
@@ -125,7 +140,7 @@ class _TrussBinary(RealtimeEndpoint):
             except EncodeError as exc:
                 raise self._not_encoded(ctx, exc) from None
         if type(result) is dict:
-            return encode_json(result)
+            return _dict_answer(self, result, ctx)
         return self._answer(result, head, ctx)
 
 
@@ -148,8 +163,19 @@ class Invocations(_TrussBinary):
     post = exchange_route()
 
 
+class TrussModelPredict(_TrussBinary):
+    """``POST /v1/models/model:predict`` and ``:predict_binary`` of a project's one API, named otherwise: the
+    path Truss's clients call whatever the model's name (the OpenAPI document lists the API's own path only)."""
+
+    post = exchange_route()
+
+
+#: The model segment that Truss's clients put in its paths; Truss's server ignores it.
+TRUSS_MODEL = "model"
+
+
 class SageMaker:
-    """``GET /ping`` and ``POST /invocations`` of a project's one API."""
+    """``GET /ping`` and ``POST /invocations`` of a project's one API, and Truss's ``GET /v1/models/model``."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
@@ -162,9 +188,15 @@ class SageMaker:
         else:
             await send_error(send, self.api.not_ready(), request_id)
 
+    async def model_ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Truss's readiness under the name its clients use (``GET /v1/models/model``), answered as ``/ping``
+        (Truss answers both ``{}``); a function of its own, so that the OpenAPI document lists ``/ping`` once."""
+        await self.ping(scope, receive, send)
+
 
 def routes(server: ModelServer) -> list[Route]:
-    """``/v1/models/<api>:predict`` of each Truss API, and SageMaker's routes of a lone one."""
+    """``/v1/models/<api>:predict`` of each Truss API; SageMaker's routes and the paths under ``model`` of a lone
+    one."""
     realtime = [api for api in server.apis.values() if api.config.kind == "realtime"]
     truss = [api for api in realtime if api.config.truss is not None]
     table = []
@@ -177,6 +209,11 @@ def routes(server: ModelServer) -> list[Route]:
             ("/ping", {"GET": sagemaker.ping}),
             ("/invocations", {"POST": sagemaker.invocations}),
         ]
+        if truss[0].name != TRUSS_MODEL:
+            alias = TrussModelPredict(truss[0]).post
+            table.append(Route(f"/v1/models/{TRUSS_MODEL}", {"GET": sagemaker.model_ready}))
+            table.append(Route(f"/v1/models/{TRUSS_MODEL}:predict", {"POST": alias}))
+            table.append(Route(f"/v1/models/{TRUSS_MODEL}:predict_binary", {"POST": alias}))
         for path, handlers in own:
             if path[1:] in server.apis:
                 logger.warning("an API named '%s' hides SageMaker's %s route", path[1:], path)

@@ -1,0 +1,147 @@
+"""What docs/compatibility.md says of Truss folders and Cortex projects, held to real servers where no other test
+checked exactly that claim: the paths Truss's own clients call, a ``model_name`` that is one of the server's
+routes, bodies with no Content-Type on Truss's paths and a result that cannot be encoded on them.
+
+Truss's published test model (tests/data/truss/test_basic_truss, see SOURCES.md there) is served unchanged; the
+other projects are written here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from modelserve.compat.truss import api_name
+from modelserve.config import RESERVED_NAMES
+from tests.conftest import write_project
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "truss"
+
+#: A Truss whose model_name is the path of the server's own documentation page.
+NAMED_DOCS = {
+    "config.yaml": """
+        model_name: docs
+        environment_variables:
+          DOCS_CLAIMS_FLAG: true
+          DOCS_CLAIMS_NUMBER: 3
+    """,
+    "model/model.py": """
+        import os
+
+
+        class Model:
+            def __init__(self, data_dir, **kwargs):
+                self._data_dir = data_dir
+
+            def predict(self, inputs):
+                if inputs == "unencodable":
+                    return {"raw": b"bytes are not JSON"}
+                return {
+                    "data_dir": [type(self._data_dir).__name__, self._data_dir.name, self._data_dir.exists()],
+                    "env": [os.environ["DOCS_CLAIMS_FLAG"], os.environ["DOCS_CLAIMS_NUMBER"]],
+                }
+
+            def completions(self, inputs):
+                return {"raw": b"bytes are not JSON"}
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def servers(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("projects")
+    started = {
+        "basic": start_server_module(DATA / "test_basic_truss"),
+        "docs": start_server_module(write_project(root / "named-docs", NAMED_DOCS)),
+    }
+    for server in started.values():
+        server.wait_ready()
+    yield started
+
+
+# --------------------------------------------------------------------------------------------------
+# Truss: routes
+
+
+def test_truss_s_clients_path_under_model_reaches_a_truss_named_otherwise(servers: dict[str, Any]) -> None:
+    """Truss's server ignores the model segment, and its clients send ``model`` whatever the model_name
+    (truss ``truss_handle.py``: ``predict_url = f"{base_url}/v1/models/model:predict"``; ``test_model_inference.py``
+    polls ``/v1/models/model`` for readiness). test_basic_truss is named "basic truss"."""
+    url = servers["basic"].url
+    body = {"x": [1, 2]}
+    own = httpx.post(url + "/v1/models/basic-truss:predict", json=body)
+    assert (own.status_code, own.json()) == (200, body)
+    for path in ("/v1/models/model:predict", "/v1/models/model:predict_binary"):
+        answer = httpx.post(url + path, json=body)
+        assert (answer.status_code, answer.json()) == (200, body), path
+    ready = httpx.get(url + "/v1/models/model")
+    assert (ready.status_code, ready.json()) == (200, {})
+    assert httpx.head(url + "/v1/models/model").status_code == 200
+    assert httpx.get(url + "/v1/models/model:predict").status_code == 405  # a GET runs no user code
+    # the page: Truss's other model paths are not served
+    for path in ("/v1/models/basic-truss/loaded", "/v1/models/basic-truss/schema"):
+        assert httpx.get(url + path).status_code == 404, path
+
+
+def test_the_alias_leaves_the_openapi_document_valid(servers: dict[str, Any]) -> None:
+    from openapi_spec_validator import validate
+
+    document = httpx.get(servers["basic"].url + "/openapi.json").json()
+    validate(document)  # operation ids stay unique: the alias is not listed a second time
+    assert "/v1/models/basic-truss:predict" in document["paths"]
+
+
+@pytest.mark.parametrize("name", sorted(RESERVED_NAMES))
+def test_a_model_name_that_is_a_server_route_is_served_as_model(name: str) -> None:
+    assert api_name(name) == "model"
+
+
+def test_a_truss_named_docs_is_served_as_model_beside_the_docs_page(servers: dict[str, Any]) -> None:
+    """It was a crash at start (two routes for /docs)."""
+    url = servers["docs"].url
+    answer = httpx.post(url + "/model", json={})
+    assert answer.status_code == 200, answer.text
+    page = httpx.get(url + "/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
+# --------------------------------------------------------------------------------------------------
+# Truss: bodies and answers
+
+
+def test_truss_s_paths_read_a_body_with_no_content_type_as_json(servers: dict[str, Any]) -> None:
+    """Truss parses every body as JSON; ``requests.post(url, data=json.dumps(...))`` sends no Content-Type."""
+    url = servers["basic"].url
+    for path in ("/v1/models/basic-truss:predict", "/v1/models/model:predict", "/invocations"):
+        answer = httpx.post(url + path, content=b'{"x": 1}')
+        assert (answer.status_code, answer.json()) == (200, {"x": 1}), path
+    # modelserve's own route keeps its rule: no Content-Type is bytes (test_basic_truss echoes them)
+    native = httpx.post(url + "/basic-truss", content=b'{"x": 1}')
+    assert (native.headers["content-type"], native.content) == ("application/octet-stream", b'{"x": 1}')
+    # a type that names something else is still decoded by it: form-encoded bytes, as curl -d sends them
+    form_type = {"content-type": "application/x-www-form-urlencoded"}
+    form = httpx.post(url + "/v1/models/model:predict", content=b"a=1", headers=form_type)
+    assert (form.headers["content-type"], form.content) == ("application/octet-stream", b"a=1")
+
+
+def test_a_result_that_is_not_json_is_the_same_user_code_500_on_every_truss_path(servers: dict[str, Any]) -> None:
+    """The realtime route answers a dict holding bytes as a failure of the user's code; Truss's paths answered a
+    generic internal error and logged it as one of the server's."""
+    server = servers["docs"]
+    own = httpx.post(server.url + "/model", json="unencodable")
+    assert own.status_code == 500
+    for path, body in (("/v1/models/model:predict", "unencodable"), ("/v1/completions", {"prompt": "x"})):
+        answer = httpx.post(server.url + path, json=body)
+        assert answer.status_code == 500, path
+        assert answer.json() == {"error": own.json()["error"], "request_id": answer.headers["x-request-id"]}, path
+        logged = [line for line in server.log.splitlines() if answer.headers["x-request-id"] in line]
+        assert not any("internal error" in line for line in logged), logged
+
+
+def test_data_dir_is_a_path_not_created_and_environment_variables_are_text(servers: dict[str, Any]) -> None:
+    answer = httpx.post(servers["docs"].url + "/model", json={}).json()
+    assert answer == {"data_dir": ["PosixPath", "data", False], "env": ["true", "3"]}
