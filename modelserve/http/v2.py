@@ -146,6 +146,14 @@ CONFIG_TYPES = {
 }
 
 
+def _dims(shape: tuple[int, ...] | None, max_batch_size: int) -> list[int]:
+    """A tensor's ``dims`` in Triton's model configuration: its shape (``[-1]``: any), less the first (batch)
+    dimension when the model batches."""
+    if shape is None:
+        return [-1]
+    return list(shape[1:] if max_batch_size > 0 else shape)
+
+
 class V2Model(Exchange):
     """The V2 routes of one API: metadata, readiness, statistics, and inference over the exchange."""
 
@@ -203,17 +211,16 @@ class V2Model(Exchange):
 
     def model_config(self) -> dict[str, Any]:
         """The model's configuration as Triton's model configuration states it (its JSON form): name, platform,
-        max_batch_size (0: the API does not batch) and tensors."""
+        max_batch_size (0: the API does not batch) and tensors. As in Triton's, a batching model's ``dims``
+        leave out the first dimension, the batch's (the metadata's shapes keep it): a client that reads the
+        configuration puts the batch size before them."""
         signature = self.signature()
         batching = self.api.config.batching
-        config: dict[str, Any] = {
-            "name": self.name,
-            "platform": signature.platform,
-            "max_batch_size": batching.max_batch_size if batching is not None else 0,
-        }
+        batch = batching.max_batch_size if batching is not None else 0
+        config: dict[str, Any] = {"name": self.name, "platform": signature.platform, "max_batch_size": batch}
         for key, tensors in (("input", signature.inputs), ("output", signature.outputs)):
             config[key] = [
-                {"name": meta.name, "data_type": CONFIG_TYPES[meta.datatype], "dims": list(meta.shape or [-1])}
+                {"name": meta.name, "data_type": CONFIG_TYPES[meta.datatype], "dims": _dims(meta.shape, batch)}
                 for meta in tensors or ()
             ]
         return config

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -35,6 +36,10 @@ apis:
   - {name: raiser, handler: {path: model.py, class: Raiser}, max_body_size: 65536}
   - {name: later, handler: {path: model.py, class: Doubles}, max_body_size: 65536}
   - {name: small, handler: {path: model.py, class: Doubles}, max_body_size: 100}
+  - name: batched
+    handler: {path: model.py, class: BatchDoubles}
+    max_body_size: 65536
+    batching: {max_batch_size: 8, max_wait_ms: 1}
 """
 
 MODEL = """
@@ -46,6 +51,14 @@ class Doubles:
 
     def predict(self, inputs):
         return {"y": inputs["x"] * 2}
+
+
+class BatchDoubles:
+    v2_inputs = [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
+    v2_outputs = [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]
+
+    def predict(self, batch):
+        return [{"y": inputs["x"] * 2} for inputs in batch]
 
 
 class Raiser:
@@ -64,12 +77,18 @@ SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
 
 @pytest.fixture(scope="module")
-def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(HTTP URL, gRPC address) of the module's server."""
     root = write_project(tmp_path_factory.mktemp("grpc-docs"), {"modelserve.yaml": PROJECT, "model.py": MODEL})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GRPC_DOCS_KEYS", "docs-key")
-        with served(root, load=["open", "guarded", "raiser", "small"]) as (_, grpc_address):
-            yield grpc_address
+        with served(root, load=["open", "guarded", "raiser", "small", "batched"]) as both:
+            yield both
+
+
+@pytest.fixture
+def address(urls: tuple[str, str]) -> str:
+    return urls[1]
 
 
 @pytest.fixture
@@ -149,6 +168,22 @@ def test_a_user_code_failure_is_internal_and_names_the_request_id(client: Any) -
     assert re.search(r"request id [0-9a-f]{32}\)", error.value.message())
     [(result, failed)] = stream_answers(client, [("raiser", status_input(500), "docs-stream-500")])
     assert result is None and "request id docs-stream-500" in failed.message()
+
+
+# ------------------------------------------------------------------------------------------------
+# ModelConfig
+
+
+def test_a_batching_model_s_config_dims_leave_the_batch_dimension_out(client: Any, urls: tuple[str, str]) -> None:
+    """As in Triton's configuration: ``max_batch_size`` 8 and ``dims`` [2] for the metadata's shape [-1, 2]."""
+    config = client.get_model_config("batched").config
+    assert config.max_batch_size == 8
+    assert [list(tensor.dims) for tensor in (*config.input, *config.output)] == [[2], [2]]
+    assert client.get_model_metadata("batched").inputs[0].shape == [-1, 2]
+    unbatched = client.get_model_config("open").config
+    assert (unbatched.max_batch_size, list(unbatched.input[0].dims)) == (0, [-1])
+    answer = httpx.get(f"{urls[0]}/v2/models/batched/config").json()
+    assert (answer["max_batch_size"], answer["input"][0]["dims"]) == (8, [2])
 
 
 # ------------------------------------------------------------------------------------------------
