@@ -186,6 +186,7 @@ class _Reader:
             self.problems.add(where, "key 'metadata': expected a mapping")
             metadata = {}
         self._container_keys(block, where)
+        self._unknown_keys(block, _OLD_BLOCK_KEYS[block_name], where)
         api = ApiConfig(name=name)
         if block_name in ("onnx", "tensorflow"):
             model = self._model(block.get("model"), block_name, where, "model", block.get("signature_key"))
@@ -234,6 +235,7 @@ class _Reader:
             self.problems.add(where, "key 'config': expected a mapping")
             config = {}
         self._container_keys(block, where)
+        self._unknown_keys(block, _HANDLER_KEYS, where)
         models = self._models(block, handler_type, where)
         if models is None:
             return None
@@ -254,6 +256,8 @@ class _Reader:
         if batching is not None:
             if handler_type == "python" and kind == "realtime":
                 api.batching = self._batching(batching, where)
+            elif kind != "realtime":  # Cortex batched a RealtimeAPI's requests only
+                self.not_applied.append(f"{where}: server_side_batching (an AsyncAPI)")
             else:  # TensorFlow Serving batched a tensorflow handler's model calls itself
                 self.not_applied.append(f"{where}: server_side_batching ({handler_type} handler)")
         return api
@@ -302,6 +306,7 @@ class _Reader:
             if not isinstance(section, dict):
                 self.problems.add(where, f"key '{key}': expected a mapping")
                 return None
+            self._unknown_keys(section, _MODELS_KEYS, f"{where}, {key}")
             default_key = section.get("signature_key", default_key)
             if section.get("path") is not None:
                 add("", section["path"], f"{key}.path", None)
@@ -384,6 +389,13 @@ class _Reader:
         if skipped:
             self.not_applied.append(f"{where}: {', '.join(skipped)}")
 
+    def _unknown_keys(self, block: dict[str, Any], known: frozenset[str], where: str) -> None:
+        """Keys of a block that no Cortex version had (a misspelt ``model_path``, say): listed as ignored, as
+        unknown API keys are, rather than silently dropped."""
+        unknown = sorted(str(key) for key in block if key not in known and key not in CONTAINER_KEYS)
+        if unknown:
+            self.not_applied.append(f"{where}: unknown keys {', '.join(unknown)} (ignored)")
+
     def _environment(self, api: ApiConfig, block: dict[str, Any], where: str) -> None:
         """``env`` is set before the handler is imported (variables already set win); ``python_path`` goes on
         sys.path (Cortex appended it to PYTHONPATH; the project folder is there already)."""
@@ -409,6 +421,34 @@ class _Reader:
 
 #: The API keys this module reads.
 _READ_KEYS = frozenset({"name", "kind", "handler", "predictor", "onnx", "tensorflow", "python"})
+#: The keys of a 0.19-0.35 ``handler:`` / ``predictor:`` block this module reads (besides `CONTAINER_KEYS`).
+_HANDLER_KEYS = frozenset(
+    {
+        "type",
+        "path",
+        "config",
+        "env",
+        "python_path",
+        "threads_per_process",
+        "server_side_batching",
+        "model_path",
+        "signature_key",
+        "models",
+        "multi_model_reloading",
+    }
+)
+#: The keys of a ``models:`` / ``multi_model_reloading:`` section (``cache_size`` and ``disk_cache_size`` are
+#: listed as not applied).
+_MODELS_KEYS = frozenset({"path", "paths", "dir", "signature_key", "cache_size", "disk_cache_size"})
+#: The keys of Cortex 0.11's blocks.
+_OLD_MODEL_KEYS = frozenset({"model", "request_handler", "signature_key", "metadata", "python_path"})
+_OLD_PREDICTOR_KEYS = frozenset({"path", "model", "metadata", "python_path", "env"})
+_OLD_BLOCK_KEYS = {
+    "onnx": _OLD_MODEL_KEYS,
+    "tensorflow": _OLD_MODEL_KEYS,
+    "predictor": _OLD_PREDICTOR_KEYS,
+    "python": _OLD_PREDICTOR_KEYS,
+}
 
 
 def _model_path(path: Path, fmt: str) -> Path | None:

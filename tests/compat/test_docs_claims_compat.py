@@ -1,6 +1,7 @@
 """What docs/compatibility.md says of Truss folders and Cortex projects, held to real servers where no other test
 checked exactly that claim: the paths Truss's own clients call, a ``model_name`` that is one of the server's
-routes, bodies with no Content-Type on Truss's paths and a result that cannot be encoded on them.
+routes, bodies with no Content-Type on Truss's paths, a result that cannot be encoded on them, and the Cortex
+keys that used to be dropped without a word.
 
 Truss's published test model (tests/data/truss/test_basic_truss, see SOURCES.md there) is served unchanged; the
 other projects are written here.
@@ -51,12 +52,45 @@ NAMED_DOCS = {
 }
 
 
+#: Cortex 0.35 keys that no version of Cortex had (a misspelt threads_per_process would leave one thread), and
+#: an AsyncAPI with server_side_batching, which Cortex gave RealtimeAPIs only.
+CORTEX = {
+    "cortex.yaml": """
+        - name: echo
+          kind: RealtimeAPI
+          handler:
+            type: python
+            path: handler.py
+            threads_per_proccess: 4
+        - name: jobs
+          kind: AsyncAPI
+          handler:
+            type: python
+            path: job.py
+            server_side_batching:
+              max_batch_size: 4
+              batch_interval: 0.1s
+    """,
+    "handler.py": """
+        class Handler:
+            def handle_post(self, payload):
+                return {"type": type(payload).__name__, "payload": payload if isinstance(payload, str) else None}
+    """,
+    "job.py": """
+        class Handler:
+            def handle_async(self, payload):
+                return payload
+    """,
+}
+
+
 @pytest.fixture(scope="module")
 def servers(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("projects")
     started = {
         "basic": start_server_module(DATA / "test_basic_truss"),
         "docs": start_server_module(write_project(root / "named-docs", NAMED_DOCS)),
+        "cortex": start_server_module(write_project(root / "cortex", CORTEX)),
     }
     for server in started.values():
         server.wait_ready()
@@ -145,3 +179,30 @@ def test_a_result_that_is_not_json_is_the_same_user_code_500_on_every_truss_path
 def test_data_dir_is_a_path_not_created_and_environment_variables_are_text(servers: dict[str, Any]) -> None:
     answer = httpx.post(servers["docs"].url + "/model", json={}).json()
     assert answer == {"data_dir": ["PosixPath", "data", False], "env": ["true", "3"]}
+
+
+# --------------------------------------------------------------------------------------------------
+# Cortex
+
+
+def test_unknown_handler_keys_and_an_async_api_s_batching_are_listed_as_not_applied(servers: dict[str, Any]) -> None:
+    (line,) = [line for line in servers["cortex"].log.splitlines() if "accepted but not applied here" in line]
+    assert "api 'echo', handler: unknown keys threads_per_proccess (ignored)" in line
+    assert "api 'jobs', handler: server_side_batching (an AsyncAPI)" in line
+    assert httpx.get(servers["cortex"].url + "/echo").json()["max_concurrency"] == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "expected"),
+    [
+        (b"a=1&b=2", "application/x-www-form-urlencoded", {"type": "bytes", "payload": None}),
+        (b"--x\r\n\r\n--x--\r\n", "multipart/form-data; boundary=x", {"type": "bytes", "payload": None}),
+        (b"hello", "text/plain", {"type": "str", "payload": "hello"}),
+    ],
+)
+def test_cortex_payloads_follow_the_content_type(
+    servers: dict[str, Any], content: bytes, content_type: str, expected: dict[str, Any]
+) -> None:
+    """The page: form bodies are passed as their bytes (Cortex gave FormData), text/plain as a str."""
+    answer = httpx.post(servers["cortex"].url + "/echo", content=content, headers={"content-type": content_type})
+    assert (answer.status_code, answer.json()) == (200, expected)
