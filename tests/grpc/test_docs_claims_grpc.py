@@ -36,6 +36,7 @@ apis:
   - {name: raiser, handler: {path: model.py, class: Raiser}, max_body_size: 65536}
   - {name: later, handler: {path: model.py, class: Doubles}, max_body_size: 65536}
   - {name: small, handler: {path: model.py, class: Doubles}, max_body_size: 100}
+  - {name: sleeper, handler: {path: model.py, class: Sleeper}, max_body_size: 65536, timeout: 0.2}
   - name: batched
     handler: {path: model.py, class: BatchDoubles}
     max_body_size: 65536
@@ -43,6 +44,8 @@ apis:
 """
 
 MODEL = """
+import asyncio
+
 from starlette.exceptions import HTTPException
 
 
@@ -51,6 +54,13 @@ class Doubles:
 
     def predict(self, inputs):
         return {"y": inputs["x"] * 2}
+
+
+class Sleeper:
+    v2_inputs = [{"name": "x", "datatype": "FP32", "shape": [-1]}]
+
+    async def predict(self, inputs):
+        await asyncio.sleep(600)
 
 
 class BatchDoubles:
@@ -82,7 +92,7 @@ def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     root = write_project(tmp_path_factory.mktemp("grpc-docs"), {"modelserve.yaml": PROJECT, "model.py": MODEL})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GRPC_DOCS_KEYS", "docs-key")
-        with served(root, load=["open", "guarded", "raiser", "small", "batched"]) as both:
+        with served(root, load=["open", "guarded", "raiser", "small", "batched", "sleeper"]) as both:
             yield both
 
 
@@ -148,6 +158,16 @@ def test_user_code_s_http_exception_keeps_its_status_and_detail(client: Any, sta
     with pytest.raises(InferenceServerException) as error:
         client.infer("raiser", [status_input(status)])
     assert (error.value.status(), error.value.message()) == (f"StatusCode.{code}", f"refused with {status}")
+
+
+def test_the_api_s_timeout_is_deadline_exceeded_and_an_unloaded_api_unavailable(client: Any) -> None:
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("sleeper", [x_input([1.0])], client_timeout=60)
+    assert error.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert error.value.message() == "the call took longer than the timeout of 0.2 s"
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("later", [x_input([1.0])])
+    assert error.value.status() == "StatusCode.UNAVAILABLE" and "'later' is unloaded" in error.value.message()
 
 
 def test_in_a_stream_an_http_exception_is_its_request_s_error_message(client: Any) -> None:
