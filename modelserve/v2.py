@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from modelserve.errors import BadRequest
-from modelserve.runtimes._tensors import booleans_in
+from modelserve.runtimes._tensors import booleans_in, leaf_types
 
 #: The fixed-size datatypes and their numpy dtypes (little-endian, as the binary extension sends them).
 FIXED: dict[str, np.dtype[Any]] = {
@@ -287,7 +287,7 @@ def from_json(
         try:
             array = np.asarray(data, dtype=dtype)
         except (ValueError, TypeError, OverflowError, RuntimeWarning) as exc:  # the warning where it is an error
-            raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({exc})") from None
+            raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({_cut(exc)})") from None
         # JSON has no NaN or infinity: one here was a null, or a number out of the datatype's range. For float32/64
         # the dot product of the array with itself (one BLAS call, a tenth of ``np.isfinite(array).all()`` for a
         # few numbers; see runtimes._tensors) is finite when every element is; the full test when it is not.
@@ -318,10 +318,14 @@ def from_json(
 def _numbers_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any) -> np.ndarray:
     """Integers and booleans (floats are decoded in `from_json`): exact, or a 400."""
     kind = dtype.kind
+    types = leaf_types(data)  # before numpy widens every item to the longest string among them (`leaf_types`)
+    if str in types or bytes in types:
+        wanted = "true or false" if kind == "b" else "integers"
+        raise BadRequest(f"input '{name}': 'data' of a {datatype} tensor must be {wanted}, not strings")
     try:
         raw = np.asarray(data)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({exc})") from None
+        raise BadRequest(f"input '{name}': 'data' is not a list of {datatype} values ({_cut(exc)})") from None
     if raw.size == 0:
         return raw.astype(dtype)
     if kind == "b":
@@ -348,7 +352,7 @@ def _strings_from_json(name: str, data: Any, text: bool) -> np.ndarray:
     try:
         raw = np.array(data, dtype=object)
     except ValueError as exc:
-        raise BadRequest(f"input '{name}': 'data' is not a list of strings ({exc})") from None
+        raise BadRequest(f"input '{name}': 'data' is not a list of strings ({_cut(exc)})") from None
     flat = raw.reshape(-1)
     for i, item in enumerate(flat):
         if not isinstance(item, str):
@@ -565,6 +569,12 @@ def _count_strings(body: bytes) -> int:
         offset += 4 + _LENGTH.unpack_from(body, offset)[0]
         count += 1
     return count
+
+
+def _cut(exc: Exception) -> str:
+    """numpy's message about the data, cut short: it quotes the value, which may be a string of megabytes."""
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def shorten(value: Any) -> str:

@@ -229,3 +229,24 @@ def test_a_model_with_a_handler_class_is_a_cortex_handler_without_batching(tmp_p
         parse_project(yaml.safe_load(api % ", inline_threshold_ms: 2" + "    batching: {}\n"), tmp_path)
     assert "key 'batching' applies to a Model class or a model file" in str(refused.value)
     assert "key 'inline_threshold_ms' applies to a model file served with hooks or none" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("api", "datatype", "data", "fragment"),
+    [
+        ("int", "INT64", [1] * 200_000 + ["x" * 1_000_000], "'data' of a INT64 tensor must be integers, not strings"),
+        ("bool", "BOOL", [True] * 200_000 + ["x" * 1_000_000], "'data' of a BOOL tensor must be true or false"),
+        ("iris", "FP32", [1.0] * 3 + ["x" * 1_000_000], "input 'input': 'data' is not a list of FP32 values"),
+    ],
+)
+def test_the_v2_route_of_a_model_file_refuses_a_long_string_with_a_short_400(
+    client: httpx.Client, api: str, datatype: str, data: list[Any], fragment: str
+) -> None:
+    """The same model's V2 route: numpy made the INT64 and BOOL data one string array as wide as the long string
+    (a 500), and an FP32 400 quoted the string whole."""
+    shape = [1, 4] if api == "iris" else [len(data)]
+    body = {"inputs": [{"name": "input" if api == "iris" else "i", "datatype": datatype, "shape": shape, "data": data}]}
+    answer = post_json(client, f"v2/models/{api}/infer", body)
+    assert answer.status_code == 400, answer.text[:300]
+    assert fragment in answer.json()["error"]
+    assert len(answer.content) < 1000
