@@ -184,6 +184,9 @@ def test_a_user_code_failure_is_internal_and_names_the_request_id(client: Any) -
     assert error.value.status() == "StatusCode.INTERNAL"
     assert "request id docs-500" in error.value.message() and "internals" not in error.value.message()
     with pytest.raises(InferenceServerException) as error:
+        client.infer("raiser", [status_input(500)], headers={"x-request-id": "from-metadata"})
+    assert "request id from-metadata" in error.value.message()
+    with pytest.raises(InferenceServerException) as error:
         client.infer("raiser", [status_input(500)])
     assert re.search(r"request id [0-9a-f]{32}\)", error.value.message())
     [(result, failed)] = stream_answers(client, [("raiser", status_input(500), "docs-stream-500")])
