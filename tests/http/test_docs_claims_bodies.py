@@ -37,6 +37,9 @@ PROJECT = {
             handler: {path: model.py, class: Streams}
             on_disconnect: notify
             max_concurrency: 1
+          - name: single
+            handler: {path: model.py, class: Stepper}
+            max_concurrency: 1
           - name: held
             handler: {path: model.py, class: Held}
             max_concurrency: 1
@@ -107,6 +110,25 @@ PROJECT = {
                     note(tag, "finally")
 
 
+        class Stepper:
+            def predict(self, inputs):
+                if inputs.get("quick"):
+                    note("stepper", "quick")
+                    return {"quick": True}
+                return self.steps()
+
+            def steps(self):
+                try:
+                    yield "0\\n"
+                    note("stepper", "step 1")
+                    deadline = time.monotonic() + 60
+                    while not Path("go").exists() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    yield "1\\n"
+                finally:
+                    note("stepper", "finally")
+
+
         class Held:
             async def predict(self, inputs):
                 Path("held").touch()
@@ -154,11 +176,15 @@ def head_of(answer: bytes) -> bytes:
     return answer.split(b"\r\n\r\n", 1)[0].lower()
 
 
-def counted(server: Any, api: str, code: int) -> float:
-    """modelserve_requests_total of `api` and `code`, from /metrics."""
-    pattern = rf'^modelserve_requests_total\{{api="{api}",code="{code}"\}} (\S+)$'
-    found = re.search(pattern, httpx.get(server.url + "/metrics").text, re.MULTILINE)
+def sample(server: Any, series: str) -> float:
+    """The value of one series of /metrics (0 when it is not there yet)."""
+    found = re.search(rf"^{re.escape(series)} (\S+)$", httpx.get(server.url + "/metrics").text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+def counted(server: Any, api: str, code: int) -> float:
+    """modelserve_requests_total of `api` and `code`."""
+    return sample(server, f'modelserve_requests_total{{api="{api}",code="{code}"}}')
 
 
 def notes(project: Path, tag: str) -> list[str]:
@@ -440,3 +466,28 @@ def test_a_malformed_chunked_body_is_a_400_that_closes(edge: str, request: pytes
         answer = read_to_end(sock)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b"\r\nconnection: close" in head_of(answer)
+
+
+def test_a_sync_step_running_when_the_client_leaves_keeps_the_slot_until_it_returns(server: Any, project: Path) -> None:
+    """The slot of an abandoned stream is freed at once, but a sync generator's step cannot be interrupted: the
+    next request waits for it (max_concurrency bounds user code), and runs once the step has returned."""
+    with connect(server) as sock:
+        sock.sendall(post("/single", b"{}"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        wait_for_note(project, "stepper", "step 1")
+    answers: list[httpx.Response] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(httpx.post(server.url + "/single", json={"quick": 1}, timeout=DEADLINE))
+    )
+    waiter.start()
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while sample(server, 'modelserve_requests_waiting{api="single"}') < 1:  # held back: the step still has the slot
+            assert time.monotonic() < deadline and waiter.is_alive(), notes(project, "stepper")
+            time.sleep(0.01)
+    finally:
+        (project / "go").touch()
+        waiter.join(DEADLINE)
+    assert answers[0].json() == {"quick": True}
+    seen = notes(project, "stepper")
+    assert seen.index("finally") < seen.index("quick")
