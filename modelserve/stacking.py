@@ -71,8 +71,10 @@ def stack(items: list[dict[str, Any]]) -> dict[str, Any]:
 def split_prediction(prediction: Any, rows: list[int]) -> list[Any] | None:
     """Cut a batched prediction (a list or a dict of arrays) back into one per request of `rows` rows.
 
-    None when an output has no batch dimension (its first dimension is not the batch's row count), in which
-    case the requests must run separately.
+    An output that is a sequence rather than an array (ONNX's ``seq(...)``: sklearn-onnx classifiers give their
+    probabilities as a list of one ``{label: probability}`` map per row) is cut the same way, by its length.
+    None when an output has no batch dimension (its first dimension, or its length, is not the batch's row
+    count), in which case the requests must run separately.
     """
     if isinstance(prediction, dict):
         arrays = list(prediction.values())
@@ -82,6 +84,10 @@ def split_prediction(prediction: Any, rows: list[int]) -> list[Any] | None:
         return None
     total = sum(rows)
     for array in arrays:
+        if isinstance(array, (list, tuple)):
+            if len(array) != total:
+                return None
+            continue
         shape = getattr(array, "shape", ())
         if not shape or shape[0] != total:
             return None

@@ -10,15 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import onnx
 import orjson
 import pytest
 import yaml
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from modelserve.config import parse_project
 from modelserve.errors import ConfigError
+from tests.batch_models import _busy_zero, _calibrated
 from tests.conftest import write_project
-from tests.models import iris_onnx, save_model
+from tests.models import IRIS_B, IRIS_W, iris_expected, iris_onnx, save_model
 from tests.test_batching import wait_in_flight
 
 MODEL = """
@@ -43,6 +46,43 @@ class Model:
 """
 
 
+def _classifier(path: Path, trips: int) -> Path:
+    """What sklearn-onnx makes of a classifier: input float32 [batch, 4] -> label int64 [batch] and
+    output_probability, a sequence of one {label: probability} map per row (ZipMap); each call takes `trips`
+    rounds of `_busy_zero`, so that concurrent requests pile up while one runs."""
+    nodes, weights = _busy_zero("input", trips)
+    graph = helper.make_graph(
+        [
+            *nodes,
+            helper.make_node("MatMul", ["input", "W"], ["logits0"]),
+            helper.make_node("Add", ["logits0", "B"], ["logits1"]),
+            helper.make_node("Add", ["logits1", "busy_zero"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1),
+            helper.make_node("ArgMax", ["logits"], ["label"], axis=-1, keepdims=0),
+            helper.make_node(
+                "ZipMap", ["probabilities"], ["output_probability"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]
+            ),
+        ],
+        "classifier",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+            helper.make_value_info(
+                "output_probability",
+                helper.make_sequence_type_proto(
+                    helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+                ),
+            ),
+        ],
+        [*weights, numpy_helper.from_array(IRIS_W, "W"), numpy_helper.from_array(IRIS_B, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def identity_onnx(path: Path, dtype: int) -> Path:
     """i [batch] of `dtype` -> out, the same."""
     graph = helper.make_graph(
@@ -58,6 +98,7 @@ def identity_onnx(path: Path, dtype: int) -> Path:
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("docs-claims-batching")
     iris_onnx(root / "iris.onnx")
+    _calibrated(_classifier, root / "classifier.onnx", 0.04, {"input": np.zeros((1, 4), dtype=np.float32)})
     for name, dtype in (("string", TensorProto.STRING), ("int", TensorProto.INT64), ("bool", TensorProto.BOOL)):
         identity_onnx(root / f"{name}.onnx", dtype)
     return write_project(
@@ -76,6 +117,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     batching: {}
                   - name: iris
                     model: {path: iris.onnx}
+                  - name: classifier
+                    model: {path: classifier.onnx, intra_op_threads: 1}
+                    max_queue_length: 100
+                    batching: {max_batch_size: 8}
                   - name: string
                     model: {path: string.onnx}
                   - name: int
@@ -147,6 +192,29 @@ def test_a_predict_that_returns_no_list_fails_with_a_500_and_the_log_says_why(se
     assert answer.status_code == 500
     assert answer.json()["request_id"] == answer.headers["x-request-id"]
     assert "got a list of 1 inputs and returned ndarray; it must return a list of the same length" in server.log
+
+
+def test_a_classifiers_sequence_output_is_split_by_rows_and_stacked(server: Any) -> None:
+    """'every output is cut back into each request's rows': a sklearn-onnx classifier's probabilities are a
+    sequence of one map per row, which has the batch's length; such a model ran every request alone, with a
+    warning that its output had no batch dimension."""
+    before = httpx.get(server.url + "/classifier").json()["batching"]
+    rows = [[[5.1 + i / 8, 3.5, 1.4 + i / 4, 0.2]] for i in range(16)]
+    answers = asyncio.run(post_many(server.url + "/classifier", rows))
+    for row, answer in zip(rows, answers, strict=True):
+        probabilities, label = iris_expected(row)
+        assert answer.json()["label"] == label.tolist()
+        (got,) = answer.json()["output_probability"]
+        assert [got[key] for key in ("0", "1", "2")] == pytest.approx(probabilities[0].tolist(), rel=1e-5)
+    after = httpx.get(server.url + "/classifier").json()["batching"]
+    assert after["requests"] - before["requests"] == 16
+    assert after["model_calls"] - before["model_calls"] < 16  # 40 ms a call: requests shared calls
+    assert "has no batch dimension" not in server.log
+
+
+async def post_many(url: str, bodies: list[Any]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await asyncio.gather(*(http.post(url, json=body) for body in bodies))
 
 
 # --------------------------------------------------------------------------------------------------
