@@ -98,14 +98,15 @@ class Api:
         self.ready = True
         logger.info("api '%s' is ready (loaded in %.2f s)", self.name, seconds)
 
-    def not_ready(self) -> ServiceUnavailable:
-        """The answer to a call that comes before the API has loaded (or after it failed to)."""
+    def not_ready(self, load: str | None = None) -> ServiceUnavailable:
+        """The answer to a call that comes before the API has loaded (or after it failed to); `load`: the
+        request that loads an unloaded API in the caller's protocol (default: the V2 HTTP route)."""
         if self.state == "failed":
             return ServiceUnavailable(f"api '{self.name}' failed to load; see the server log", retry_after=30)
         if self.state == "unloaded":  # model control: nothing loads it again but a load request
-            return ServiceUnavailable(
-                f"api '{self.name}' is unloaded; POST /v2/repository/models/{self.name}/load loads it", retry_after=30
-            )
+            if load is None:
+                load = f"POST /v2/repository/models/{self.name}/load"
+            return ServiceUnavailable(f"api '{self.name}' is unloaded; {load} loads it", retry_after=30)
         return ServiceUnavailable(f"api '{self.name}' is loading; retry later")
 
     def admit(self, size: int = 0) -> None:

@@ -97,6 +97,8 @@ def _passed_on(exc: HTTPException) -> HTTPError:
     return error
 
 
+#: The request that loads an unloaded API, as the answers to its calls name it (HTTP's names its V2 route).
+LOAD = "RepositoryModelLoad"
 #: The methods a client may call without an API key (the probes).
 OPEN = frozenset({"ServerLive", "ServerReady"})
 _UNPLANNED: Any = object()
@@ -293,7 +295,7 @@ class InferenceServicer:
     def _ready_model(self, name: str, version: str) -> V2Model:
         model = self.model(name, version)
         if not model.api.ready:
-            raise model.api.not_ready()
+            raise model.api.not_ready(LOAD)
         return model
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -447,6 +449,8 @@ class InferenceServicer:
             limit = api.config.max_body_size
             if size > limit:
                 raise PayloadTooLarge(f"the request of {size} bytes is larger than the limit of {limit} bytes")
+            if not api.ready:
+                raise api.not_ready(LOAD)
             api.admit(size)
             try:
                 decoded = self._decoded(model, request, size, data)

@@ -167,7 +167,11 @@ def test_the_api_s_timeout_is_deadline_exceeded_and_an_unloaded_api_unavailable(
     assert error.value.message() == "the call took longer than the timeout of 0.2 s"
     with pytest.raises(InferenceServerException) as error:
         client.infer("later", [x_input([1.0])])
-    assert error.value.status() == "StatusCode.UNAVAILABLE" and "'later' is unloaded" in error.value.message()
+    assert error.value.status() == "StatusCode.UNAVAILABLE"
+    assert error.value.message() == "api 'later' is unloaded; RepositoryModelLoad loads it"
+    with pytest.raises(InferenceServerException) as error:
+        client.get_model_metadata("later")
+    assert error.value.message() == "api 'later' is unloaded; RepositoryModelLoad loads it"
 
 
 def test_in_a_stream_an_http_exception_is_its_request_s_error_message(client: Any) -> None:
