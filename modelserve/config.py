@@ -11,7 +11,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -400,6 +400,8 @@ def _methods(value: Any) -> list[str]:
 
 
 def _header_names(value: Any) -> list[str]:
+    if value == []:  # none beyond those always allowed or exposed: expose_headers' default
+        return []
     names = _string_list(value)
     if any(name != "*" and not _TOKEN_RE.match(name) for name in names):
         raise _Invalid("a list of header names (or '*')")
@@ -668,7 +670,11 @@ def _secret_names(value: Any) -> dict[str, str | None]:
     raise _Invalid("a list of secret names, or a mapping of names to null")
 
 
-def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConfig | None:
+def _parse_api(
+    raw: Any, index: int, root: Path, problems: _Problems, handler: HandlerConfig | None = None
+) -> ApiConfig | None:
+    """One API of modelserve.yaml; with `handler` (a class given in Python), the API of that class, whose
+    `raw` names no handler or model."""
     if not isinstance(raw, dict):
         problems.add(f"api #{index + 1}", f"expected a mapping, got {_describe(raw)}")
         return None
@@ -688,13 +694,15 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
 
     api = ApiConfig(name=name)
     api.kind = problems.take(raw, "kind", _choice("realtime", "async"), where, "realtime")
-    if raw.get("handler") is not None:
+    if handler is not None:
+        api.handler = handler
+    elif raw.get("handler") is not None:
         api.handler = _parse_handler(raw["handler"], where, root, problems)
     if raw.get("model") is not None:
         api.model = _parse_model(raw["model"], where, root, problems)
     if raw.get("truss") is not None:
         layout("truss").apply_truss(api, raw, where, root, problems)
-    elif "handler" not in raw and "model" not in raw:
+    elif handler is None and "handler" not in raw and "model" not in raw:
         problems.add(where, "needs a 'handler' (a Python class) or a 'model' (an ONNX or TensorFlow file)")
     api.data_dir = problems.take(raw, "data_dir", _string, where, api.data_dir)
     if raw.get("secrets") is not None:
@@ -718,6 +726,38 @@ def _parse_api(raw: Any, index: int, root: Path, problems: _Problems) -> ApiConf
     api.openai = problems.take(raw, "openai", _choice(*OPENAI_KINDS), where)
     if api.openai is not None and api.kind != "realtime":
         problems.add(where, "key 'openai' applies to realtime APIs (an OpenAI client waits for its answer)")
+    return api
+
+
+#: The keys of an API that `create_app(handler=...)` takes as keywords: all but what the class itself replaces.
+CLASS_API_KEYS = frozenset(_API_KEYS - {"name", "handler", "model", "truss"})
+
+
+def class_api(name: str, handler: HandlerConfig, options: dict[str, Any], root: Path) -> ApiConfig:
+    """The API of a class given in Python (``create_app(handler=..., name=..., **options)``): `options` are
+    keys of an API in modelserve.yaml, checked as they are there (a bad value is a `ConfigError` naming it, not
+    a failure on the first request); ``batching`` may also be a `BatchingConfig`."""
+    unknown = sorted(set(options) - CLASS_API_KEYS)
+    if unknown and unknown[0] in _API_KEYS:
+        raise ConfigError(
+            f"create_app: {unknown[0]!r} is a key of modelserve.yaml that a class given as handler= has no use for"
+        )
+    if unknown:
+        known = ", ".join(sorted(CLASS_API_KEYS))
+        raise ConfigError(f"create_app: unknown API option {unknown[0]!r} (known options: {known})")
+    # None is the default where the API's default is None (timeout=None: no timeout); max_queue_wait=None is no
+    # bound, as ApiConfig has it (false in YAML).
+    nothing = {item.name for item in fields(ApiConfig) if item.default is None}
+    raw: dict[str, Any] = {key: value for key, value in options.items() if value is not None or key not in nothing}
+    if "max_queue_wait" in raw and raw["max_queue_wait"] is None:
+        raw["max_queue_wait"] = False
+    raw["name"] = name
+    if isinstance(raw.get("batching"), BatchingConfig):
+        raw["batching"] = asdict(raw["batching"])
+    problems = _Problems("create_app")
+    api = _parse_api(raw, 0, root, problems, handler)
+    problems.raise_if_any()
+    assert api is not None
     return api
 
 

@@ -28,10 +28,10 @@ from modelserve import project as project_module
 from modelserve.codecs import JSON_TYPE
 from modelserve.config import (
     TRACING_ENV,
-    ApiConfig,
     HandlerConfig,
     ProjectConfig,
     apply_command_line,
+    class_api,
     load_project_config,
 )
 from modelserve.errors import ConfigError, ServiceUnavailable
@@ -261,11 +261,7 @@ def create_app(
         else:
             if base_url is not None:
                 os.environ["MODELSERVE_URL"] = base_url.rstrip("/")
-            api = ApiConfig(name=name, handler=HandlerConfig(config=config or {}, obj=handler))
-            for key, value in api_options.items():
-                if not hasattr(api, key) or key in ("name", "handler"):
-                    raise ConfigError(f"create_app: unknown API option {key!r}")
-                setattr(api, key, value)
+            api = class_api(name, HandlerConfig(config=config or {}, obj=handler), api_options, Path.cwd())
             project = ProjectConfig(root=Path.cwd(), apis=[api])
         if jobs_store is not None:
             project.jobs.store = jobs_store
