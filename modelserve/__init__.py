@@ -50,6 +50,10 @@ __all__ = [
 def serve(project_dir: str, host: str = "127.0.0.1", port: int = 8888, **options: object) -> int:
     """Serve a project folder like ``python -m modelserve`` would; returns the exit code.
 
+    `options` are the command line's options, ``_`` for ``-``: ``log_format="json"``, ``reload=True``,
+    ``docs=False`` and ``access_log=False`` (``--no-docs``, ``--no-access-log``), a list for a repeatable option
+    (``cors_origin=["https://a.example", "https://b.example"]``).
+
     A relative `project_dir` is relative to the folder the program was in. With ``workers=N`` or
     ``reload=True`` the worker processes re-import the script that called `serve` (Python's ``spawn``);
     there this call returns 0 at once instead of serving again, so a plain script needs no
@@ -60,14 +64,7 @@ def serve(project_dir: str, host: str = "127.0.0.1", port: int = 8888, **options
     caller = sys._getframe(1).f_globals.get("__name__")
     if caller == "__mp_main__":  # a worker process importing the user's script: the parent serves
         return 0
-    from modelserve.cli import main
+    from modelserve.cli import command_line, main
     from modelserve.project import caller_dir
 
-    argv = [str(caller_dir() / project_dir), "--host", host, "--port", str(port)]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (False, None):
-            argv.extend([flag, str(value)])
-    return main(argv)
+    return main([str(caller_dir() / project_dir), "--host", host, "--port", str(port), *command_line(options)])

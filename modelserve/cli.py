@@ -263,6 +263,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_line(options: dict[str, object]) -> list[str]:
+    """The options of `modelserve.serve` as the command line's words: ``log_format="json"`` is
+    ``--log-format json``, ``reload=True`` is ``--reload``, a list repeats its option
+    (``cors_origin=[a, b]``), and False turns off what is on by default (``docs=False`` is ``--no-docs``, as
+    ``create_app(docs=False)`` and uvicorn's ``access_log=False``); False or None for anything else is nothing."""
+    # A flag that is on by default: its dest is what a keyword names (docs, access_log), its option turns it off.
+    off = {
+        action.dest: action.option_strings[0]
+        for action in build_parser()._actions
+        if action.nargs == 0 and action.default is True
+    }
+    words: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if key in off:
+            if value is False:
+                words.append(off[key])
+            elif value is not True and value is not None:
+                words.extend([flag, str(value)])  # argparse refuses it, naming the option
+        elif value is True:
+            words.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                words.extend([flag, str(item)])
+        elif value is not False and value is not None:
+            words.extend([flag, str(value)])
+    return words
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("dockerfile", "build"):  # `modelserve dockerfile PROJECT`: modelserve.container
@@ -340,7 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoadError as exc:
         print(f"modelserve: error: {exc}", file=sys.stderr)
         return EXIT_LOAD
-    warn_exposed(args.host, app.server.project.auth is not None, bool(ssl_kwargs))
+    auth = app.server.project.auth  # a metrics key alone opens /metrics only: every API is still open
+    warn_exposed(
+        args.host, auth is not None and (auth.api_keys_env or auth.api_keys_file) is not None, bool(ssl_kwargs)
+    )
     if args.grpc_port is not None:
         try:
             _probe_grpc_port(args.host, args.grpc_port)
