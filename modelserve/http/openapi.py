@@ -390,7 +390,7 @@ def _jobs(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
         "tags": [api.name],
         "responses": {
             "200": _ok(_json({"$ref": _REFS.format(model="JobSubmitted")}), "The job is queued."),
-            **_statuses(builder, api, 409, 413, 500, 503),
+            **_statuses(builder, api, 400, 409, 413, 500, 503),
         },
     }
     if body is not None:
