@@ -46,6 +46,8 @@ def settings_of(args: argparse.Namespace, base_url: str) -> dict[str, Any]:
 def make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
     from modelserve.http import create_app
 
+    if settings["workers"] == 1:
+        single_process_metrics()
     app = create_app(
         settings["project_dir"],
         base_url=settings["base_url"],
@@ -67,6 +69,23 @@ def make_app(settings: dict[str, Any], on_load_error: Any) -> Any:
         attach(app.server, settings["host"], settings["grpc_port"], certfile=certfile, keyfile=keyfile)
     app.server.tune_collector_after_load = True  # this process serves this project only
     return app
+
+
+def single_process_metrics() -> None:
+    """Have a server of one process (``--workers 1``, ``--reload``, granian) count its metrics in memory, exact at
+    every scrape and with exemplars: a ``PROMETHEUS_MULTIPROC_DIR`` inherited from the environment (an image made
+    for gunicorn, say) had it read and add up that folder's files instead, a missing folder failing at start with
+    a traceback and an old one's counts added to this server's. ``--workers N`` > 1 makes a folder of its own
+    (`modelserve.cli`)."""
+    from modelserve.metrics import count_in_memory
+
+    for name, folder in count_in_memory().items():
+        logger.warning(
+            "%s=%s is left out: a server of one process counts its metrics itself (--workers N > 1 makes a folder "
+            "of its own)",
+            name,
+            folder,
+        )
 
 
 def worker_app() -> Any:

@@ -43,6 +43,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
     multiprocess,
+    values,
 )
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -68,8 +69,23 @@ _SAMPLE_SUFFIXES = {
 }
 
 
+#: The variables that put prometheus-client in multiprocess mode (its old lowercase name too).
+MULTIPROCESS_ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
 def multiprocess_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    return os.environ.get(MULTIPROCESS_ENV[0]) or os.environ.get(MULTIPROCESS_ENV[1])
+
+
+def count_in_memory() -> dict[str, str]:
+    """Have this process count in memory, whatever its environment says: the `MULTIPROCESS_ENV` variables are
+    removed (those that were set are returned, by name), and prometheus-client's value class, which it chose from
+    them when it was imported, is chosen again."""
+    dropped = {name: os.environ.pop(name) for name in MULTIPROCESS_ENV if name in os.environ}
+    choose = getattr(values, "get_value_class", None)
+    if dropped and callable(choose):
+        values.ValueClass = choose()
+    return dropped
 
 
 class Metrics:
