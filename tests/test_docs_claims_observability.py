@@ -257,6 +257,26 @@ def test_a_gauge_takes_nan(served: Server) -> None:
     assert math.isnan(value(parse(scrape(served).text), "unknown"))
 
 
+@pytest.mark.parametrize("exists", [True, False], ids=["an-old-folder", "a-missing-folder"])
+def test_a_server_of_one_process_leaves_out_an_inherited_multiprocess_folder(
+    start_server: Any, tmp_path: Path, exists: bool
+) -> None:
+    """A PROMETHEUS_MULTIPROC_DIR in the environment (an image made for gunicorn) made one process add up that
+    folder's files (an old folder's counts with its own), and a missing folder failed at start, with a traceback."""
+    folder = tmp_path / "multiproc"
+    if exists:
+        folder.mkdir()
+    project = write_project(tmp_path / "p", {"model.py": MODEL, "modelserve.yaml": CONFIG})
+    server = start_server(project, env={"PROMETHEUS_MULTIPROC_DIR": str(folder)})
+    server.wait_ready()
+    for _ in range(3):
+        assert httpx.post(server.url + "/scored", json={}).status_code == 200
+    assert value(parse(scrape(server).text), "modelserve_requests_total", api="scored", code="200") == 3
+    assert not exists or not list(folder.iterdir())  # counted in memory: nothing written there
+    assert f"PROMETHEUS_MULTIPROC_DIR={folder} is left out" in server.log
+    assert says(OBSERVABILITY, "the CLI leaves out a `PROMETHEUS_MULTIPROC_DIR` it inherits")
+
+
 # ---------------------------------------------------------------------------------------------------
 # docs/observability.md: logs
 
