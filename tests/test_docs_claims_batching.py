@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
 
 
 class Model:
@@ -43,6 +44,23 @@ class Model:
         if any(item.get("array") for item in batch):
             return np.arange(len(batch))  # not a list
         return [{"x": item["x"]} for item in batch]
+
+
+class Point(BaseModel):
+    x: int
+
+
+class Typed:
+    def preprocess(self, inputs: Point):
+        return inputs.x
+
+    def predict(self, batch):
+        return [{"doubled": x * 2} for x in batch]
+
+
+class TypedPredict:
+    def predict(self, batch: list[Point]):
+        return [{"received": type(item).__name__} for item in batch]
 """
 
 
@@ -115,6 +133,12 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   - name: defaults
                     handler: {path: model.py}
                     batching: {}
+                  - name: typed
+                    handler: {path: model.py, class: Typed}
+                    batching: {max_batch_size: 4}
+                  - name: typed-predict
+                    handler: {path: model.py, class: TypedPredict}
+                    batching: {max_batch_size: 4}
                   - name: iris
                     model: {path: iris.onnx}
                   - name: classifier
@@ -192,6 +216,16 @@ def test_a_predict_that_returns_no_list_fails_with_a_500_and_the_log_says_why(se
     assert answer.status_code == 500
     assert answer.json()["request_id"] == answer.headers["x-request-id"]
     assert "got a list of 1 inputs and returned ndarray; it must return a list of the same length" in server.log
+
+
+def test_typed_inputs_of_a_batched_model_class_are_preprocesss(client: httpx.Client) -> None:
+    """'Typed inputs are those of preprocess: a body that does not fit its annotation is a 400 for that request
+    alone. An annotation of the batched predict validates nothing and converts nothing'."""
+    assert client.post("/typed", json={"x": 3}).json() == {"doubled": 6}
+    refused = client.post("/typed", json={"x": "three"})
+    assert refused.status_code == 400
+    assert refused.json()["detail"][0]["loc"] == ["x"]
+    assert client.post("/typed-predict", json={"x": "three"}).json() == {"received": "dict"}
 
 
 def test_a_classifiers_sequence_output_is_split_by_rows_and_stacked(server: Any) -> None:
