@@ -6,9 +6,9 @@ Needs the ``grpc`` extra (grpcio, grpcio-health-checking, protobuf)::
     from modelserve.grpc import attach
     attach(app.server, "127.0.0.1", 8001)     # started and stopped with the app's server
 
-`modelserve.grpc.server` holds the server, `modelserve.grpc.servicer` the service's methods and
-`modelserve.grpc.codec` the tensors; the protocol's .proto files and their generated modules are vendored
-in `modelserve.grpc._proto`.
+`modelserve.grpc.server` holds the server, `modelserve.grpc.servicer` the service's methods,
+`modelserve.grpc.codec` the tensors and `modelserve.grpc.health` the health service; the protocol's .proto
+files and their generated modules are vendored in `modelserve.grpc._proto`.
 """
 
 from __future__ import annotations
