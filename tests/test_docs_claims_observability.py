@@ -336,6 +336,20 @@ def test_log_level_warning_leaves_the_access_lines_out(start_server: Any, tmp_pa
     assert says(OBSERVABILITY, "Access lines are INFO lines: `--log-level warning` (or above) leaves them out too.")
 
 
+def test_a_websocket_session_has_its_access_line_once_it_ends(start_server: Any) -> None:
+    from websockets.sync.client import connect
+
+    server = start_server(REPO / "tests" / "data" / "truss" / "websocket_endpoint", "--log-format", "json")
+    server.wait_ready()
+    with connect(f"ws://127.0.0.1:{server.port}/v1/websocket") as session:
+        session.send("hi")
+        assert session.recv() == "hi pong"
+    assert server.stop() == 0
+    (line,) = [line for line in json_lines(server.log) if line.get("path") == "/v1/websocket"]
+    assert (line["logger"], line["method"], line["status"], line["api"]) == ("modelserve.access", "GET", 101, "model")
+    assert says(OBSERVABILITY, "and WebSocket sessions, once they end: `GET` with status 101")
+
+
 # ---------------------------------------------------------------------------------------------------
 # docs/containers.md (and the readiness section of docs/observability.md)
 
