@@ -246,6 +246,19 @@ def test_a_classifiers_sequence_output_is_split_by_rows_and_stacked(server: Any)
     assert "has no batch dimension" not in server.log
 
 
+def test_max_batch_size_counts_requests_not_rows(server: Any) -> None:
+    """'max_batch_size counts requests, not rows': requests of 9 rows each, at max_batch_size 8, still share
+    calls (each such call has 18 rows or more)."""
+    before = httpx.get(server.url + "/classifier").json()["batching"]
+    bodies = [[[5.0 + i, 3.0, 1.5, 0.2 + j / 10] for j in range(9)] for i in range(8)]
+    answers = asyncio.run(post_many(server.url + "/classifier", bodies))
+    for body, answer in zip(bodies, answers, strict=True):
+        assert answer.json()["label"] == iris_expected(body)[1].tolist()
+    after = httpx.get(server.url + "/classifier").json()["batching"]
+    assert after["stacked_calls"] > before["stacked_calls"]
+    assert after["model_calls"] - before["model_calls"] < 8
+
+
 async def post_many(url: str, bodies: list[Any]) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=30) as http:
         return await asyncio.gather(*(http.post(url, json=body) for body in bodies))
