@@ -84,6 +84,18 @@ def test_the_pages_configuration_is_served_as_written(guarded: Server) -> None:
             assert client.post("/other", json=[4], headers={"host": host}).status_code == status, host
 
 
+@pytest.mark.parametrize("origin", [ALLOWED, None])
+def test_a_refused_host_varies_by_origin_as_every_answer_does(guarded: Server, origin: str | None) -> None:
+    """beyond-loopback.md: Vary: Origin on every answer when the origins are listed, and an allowed origin reads
+    the error answers; the Host check's 400 went out before CORS had a say. (Two Host headers, which no browser
+    sends, are answered by the transport before the app: tests/http/test_guard.py.)"""
+    headers = {"host": "evil.example"} if origin is None else {"host": "evil.example", "origin": origin}
+    answer = httpx.post(guarded.url + "/other", json=[1], headers=headers)
+    assert answer.status_code == 400 and "allowed_hosts" in answer.json()["error"]
+    assert "Origin" in answer.headers.get_list("vary")
+    assert answer.headers.get("access-control-allow-origin") == origin
+
+
 def test_an_async_submit_that_cannot_be_decoded_is_a_400_the_document_lists(guarded: Server) -> None:
     """openapi.md: each operation lists what it can answer; POST /<api> of an async API left out its 400."""
     key = {"x-api-key": API_KEY}

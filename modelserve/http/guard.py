@@ -169,6 +169,10 @@ class Guard:
         path = scope["path"] if not scope.get("root_path") else route_path(scope)
         if scope["method"] == "HEAD":
             send = without_body(send)
+        answer, origin = send, None  # a preflight's answer carries its own CORS headers; every other the policy's
+        if self.cors is not None:  # first, so that a refused Host or two Hosts vary by Origin too
+            origin = headers.get(b"origin")
+            send = self.cors.send_for(send, origin)
         if len(headers) < len(scope["headers"]) and host_count(scope["headers"]) > 1:  # a name came twice
             await send_error(self._answering(scope, send), two_hosts(), _request_id(headers))
             return
@@ -176,14 +180,11 @@ class Guard:
             error = BadRequest("this server does not answer for the Host of this request (see allowed_hosts)")
             await send_error(self._answering(scope, send), error, _request_id(headers))
             return
-        if self.cors is not None:
-            origin = headers.get(b"origin")
-            if origin is not None and scope["method"] == "OPTIONS":
-                method = headers.get(b"access-control-request-method")
-                if method is not None:
-                    await self._preflight(self._answering(scope, send), headers, origin, method)
-                    return
-            send = self.cors.send_for(send, origin)
+        if origin is not None and scope["method"] == "OPTIONS":
+            method = headers.get(b"access-control-request-method")
+            if method is not None:
+                await self._preflight(self._answering(scope, answer), headers, origin, method)
+                return
         if self.keys is not None:
             access = self._access.get(path) or self.access(path)
             if access is not _OPEN:
