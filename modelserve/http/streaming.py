@@ -137,11 +137,24 @@ async def _send_collected(send: Send, stream: Stream) -> int:
 
 
 def _keep_unless_abort(record: logging.LogRecord) -> bool:
-    return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
+    if record.exc_info:
+        return not isinstance(record.exc_info[1], StreamAborted)
+    return _ABORTED not in str(record.msg)  # granian writes the exception's traceback into the message
+
+
+#: How a `StreamAborted` raised by `send_stream` ends a traceback written as text.
+_ABORTED = "StreamAborted: stream of request "
+
+
+#: The loggers where the server logs an exception the app raised: uvicorn's, and granian's (its Rust side logs
+#: "Application callable raised an exception" there, at ERROR).
+_SERVER_ERROR_LOGGERS = ("uvicorn.error", "_granian.utils")
 
 
 def quiet_aborts() -> None:
-    """Keep uvicorn from logging a second, traceback-only line for a stream we aborted on purpose."""
-    error_logger = logging.getLogger("uvicorn.error")
-    if _keep_unless_abort not in error_logger.filters:
-        error_logger.addFilter(_keep_unless_abort)
+    """Keep the server (uvicorn or granian) from logging a second, traceback-only line for a stream we aborted on
+    purpose: its failure is logged once already, and a client that leaves mid-stream is no error."""
+    for name in _SERVER_ERROR_LOGGERS:
+        error_logger = logging.getLogger(name)
+        if _keep_unless_abort not in error_logger.filters:
+            error_logger.addFilter(_keep_unless_abort)

@@ -491,3 +491,31 @@ def test_a_sync_step_running_when_the_client_leaves_keeps_the_slot_until_it_retu
     assert answers[0].json() == {"quick": True}
     seen = notes(project, "stepper")
     assert seen.index("finally") < seen.index("quick")
+
+
+def wait_for_access_line(server: Any, request_id: str) -> str:
+    deadline = time.monotonic() + DEADLINE
+    while not (found := [line for line in access_lines(server) if request_id in line]):
+        assert time.monotonic() < deadline, f"no access line for {request_id}"
+        time.sleep(0.01)
+    return found[0]
+
+
+@pytest.mark.parametrize("edge", ["server", "granian_server"])
+def test_a_client_leaving_a_stream_is_counted_as_499_and_logged_as_no_error(
+    edge: str, request: pytest.FixtureRequest, project: Path
+) -> None:
+    """The stream is closed, its request written in the access log as a 499, and nothing is logged at ERROR:
+    granian logged the abort, by which the server cuts the stream off, as the app's failure with a traceback."""
+    server = request.getfixturevalue(edge)
+    errors = [line for line in server.log.splitlines() if " ERROR " in line]
+    tag, request_id = f"leaves-{edge}", uuid.uuid4().hex
+    with connect(server) as sock:
+        sock.sendall(post("/stream", orjson.dumps({"mode": "endless", "tag": tag}), f"X-Request-ID: {request_id}"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    wait_for_note(project, tag, "finally")
+    assert '"POST /stream HTTP/1.1" 499' in wait_for_access_line(server, request_id)
+    marker = uuid.uuid4().hex  # a request after it: what the server logged of the stream is in the log by then
+    httpx.get(server.url + "/healthz", headers={"x-request-id": marker})
+    wait_for_access_line(server, marker)
+    assert [line for line in server.log.splitlines() if " ERROR " in line] == errors
