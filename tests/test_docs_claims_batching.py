@@ -21,7 +21,7 @@ from modelserve.config import parse_project
 from modelserve.errors import ConfigError
 from tests.batch_models import _busy_zero, _calibrated
 from tests.conftest import write_project
-from tests.models import IRIS_B, IRIS_W, iris_expected, iris_onnx, save_model
+from tests.models import IRIS_B, IRIS_W, iris_expected, iris_onnx, save_model, two_inputs_onnx
 from tests.test_batching import wait_in_flight
 
 MODEL = """
@@ -116,6 +116,7 @@ def identity_onnx(path: Path, dtype: int) -> Path:
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("docs-claims-batching")
     iris_onnx(root / "iris.onnx")
+    two_inputs_onnx(root / "two.onnx")
     _calibrated(_classifier, root / "classifier.onnx", 0.04, {"input": np.zeros((1, 4), dtype=np.float32)})
     for name, dtype in (("string", TensorProto.STRING), ("int", TensorProto.INT64), ("bool", TensorProto.BOOL)):
         identity_onnx(root / f"{name}.onnx", dtype)
@@ -141,6 +142,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     batching: {max_batch_size: 4}
                   - name: iris
                     model: {path: iris.onnx}
+                  - name: two
+                    model: {path: two.onnx}
                   - name: classifier
                     model: {path: classifier.onnx, intra_op_threads: 1}
                     max_queue_length: 100
@@ -315,6 +318,29 @@ def test_strings_go_to_string_inputs_and_numbers_to_numeric_ones(
 )
 def test_values_that_fit_are_converted(client: httpx.Client, api: str, value: Any, expected: Any) -> None:
     assert post_json(client, api, value).json() == {"out": expected}
+
+
+@pytest.mark.parametrize(
+    ("api", "content_type", "status", "answer"),
+    [
+        ("string", "text/plain", 200, {"out": ["hello"]}),
+        ("iris", "text/plain", 400, "input 'input': expected float32 with shape [batch, 4]; received 'hello'"),
+        ("two", "text/plain", 400, "expected an object keyed by the model's input names ('a' (float32 [null, 2])"),
+        ("string", "application/octet-stream", 400, "expected a JSON body (Content-Type: application/json)"),
+        ("iris", "application/x-www-form-urlencoded", 400, "expected a JSON body (Content-Type: application/json)"),
+    ],
+)
+def test_a_text_body_is_one_string_and_other_bodies_are_refused(
+    client: httpx.Client, api: str, content_type: str, status: int, answer: Any
+) -> None:
+    """'A text/* body is one string: the value of a model's single input'; a body neither JSON nor text gets
+    'expected a JSON body'."""
+    got = client.post(f"/{api}", content=b"hello", headers={"content-type": content_type})
+    assert got.status_code == status
+    if status == 200:
+        assert got.json() == answer
+    else:
+        assert got.json()["error"].startswith(answer)
 
 
 def test_a_float_input_reads_a_string_that_spells_a_number(client: httpx.Client) -> None:
