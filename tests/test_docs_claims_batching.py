@@ -58,6 +58,21 @@ class Typed:
         return [{"doubled": x * 2} for x in batch]
 
 
+class Streams:
+    async def preprocess(self, inputs):
+        return inputs["x"]
+
+    def predict(self, batch):
+        with open("streams.log", "a") as log:
+            log.write(f"{len(batch)}\\n")
+        time.sleep(0.05)  # long enough for the next requests to form a batch
+        return [{"x": x, "batch": len(batch)} for x in batch]
+
+    def postprocess(self, result):
+        for i in range(3):
+            yield {"x": result["x"], "chunk": i}
+
+
 class TypedPredict:
     def predict(self, batch: list[Point]):
         return [{"received": type(item).__name__} for item in batch]
@@ -134,6 +149,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   - name: defaults
                     handler: {path: model.py}
                     batching: {}
+                  - name: streams
+                    handler: {path: model.py, class: Streams}
+                    batching: {max_batch_size: 8}
                   - name: typed
                     handler: {path: model.py, class: Typed}
                     batching: {max_batch_size: 4}
@@ -229,6 +247,17 @@ def test_typed_inputs_of_a_batched_model_class_are_preprocesss(client: httpx.Cli
     assert refused.status_code == 400
     assert refused.json()["detail"][0]["loc"] == ["x"]
     assert client.post("/typed-predict", json={"x": "three"}).json() == {"received": "dict"}
+
+
+def test_async_and_generator_stages_run_as_in_any_api_around_a_batched_predict(server: Any, project: Path) -> None:
+    """'With an async or generator preprocess/postprocess, those run as in any API and only predict is batched':
+    each request streams its own chunks (NDJSON), from a predict that received lists."""
+    answers = asyncio.run(post_many(server.url + "/streams", [{"x": x} for x in range(6)]))
+    for x, answer in enumerate(answers):
+        assert answer.headers["content-type"].startswith("application/x-ndjson")
+        assert [orjson.loads(line) for line in answer.text.splitlines()] == [{"x": x, "chunk": i} for i in range(3)]
+    sizes = [int(line) for line in (project / "streams.log").read_text().split()]
+    assert sum(sizes) == 6 and max(sizes) > 1
 
 
 def test_a_classifiers_sequence_output_is_split_by_rows_and_stacked(server: Any) -> None:
