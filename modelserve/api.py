@@ -278,12 +278,7 @@ class Stream:
             return _END
 
     async def next(self) -> Any:
-        """The next chunk, or `Stream.END`. With ``on_disconnect: notify``, once the client is gone the stream
-        ends here (`ClientDisconnected`), before another chunk is asked of the generator: its code is never
-        cancelled, and it is closed (its ``finally`` runs) rather than run to its end for nobody, as Truss's own
-        server stops a stream whose client left."""
-        if self.watch.fired:  # told, not cancelled (notify): a timeout or a cancel raises below instead
-            raise self.api.cancelled(self.ctx)
+        """The next chunk, or `Stream.END`."""
         try:
             if self.is_async:
                 try:

@@ -88,6 +88,8 @@ async def send_stream(send: Send, stream: Stream, accept: str | None) -> int:
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             chunk = await stream.next()
+        if stream.watch.fired:  # on_disconnect: notify: the client left, and the generator then stopped by itself
+            raise stream.api.cancelled(stream.ctx)
         stream.watch.disarm()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 200
@@ -120,6 +122,8 @@ async def _send_collected(send: Send, stream: Stream) -> int:
     try:
         while (chunk := await stream.next()) is not Stream.END:
             chunks.append(chunk)
+        if stream.watch.fired:  # as in `send_stream`
+            raise stream.api.cancelled(stream.ctx)
         stream.watch.disarm()
         if chunks and all(isinstance(chunk, str) for chunk in chunks):
             value: Any = "".join(chunks)

@@ -50,6 +50,8 @@ PROJECT = {
         import time
         from pathlib import Path
 
+        import modelserve
+
 
         def note(tag, text):
             with open(f"notes-{tag}.log", "a") as f:
@@ -92,12 +94,27 @@ PROJECT = {
                 finally:
                     note(tag, "finally")
 
-            def endless_sync(self, tag):
+            async def polite(self, tag):
+                try:
+                    for i in range(400):
+                        note(tag, f"chunk {i}")
+                        yield f"{i}\\n"
+                        await asyncio.sleep(0.02)
+                        if modelserve.is_cancelled():
+                            note(tag, "told")
+                            return
+                finally:
+                    note(tag, "finally")
+
+            def polite_sync(self, tag):
                 try:
                     for i in range(400):
                         note(tag, f"chunk {i}")
                         yield f"{i}\\n"
                         time.sleep(0.02)
+                        if modelserve.is_cancelled():
+                            note(tag, "told")
+                            return
                 finally:
                     note(tag, "finally")
 
@@ -385,17 +402,22 @@ def test_a_stream_that_outlasts_the_timeout_is_ended_at_it(server: Any, project:
     assert counted(server, "timed", 504) == before + 2
 
 
-@pytest.mark.parametrize("mode", ["endless", "endless_sync"])
-def test_with_notify_a_stream_whose_client_left_is_closed(server: Any, project: Path, mode: str) -> None:
-    """`on_disconnect: notify` (Truss's default) never cancels user code, but a stream whose client is gone is
-    closed at its next chunk, its `finally` run and its slot freed, as Truss's own server does; it ran to its
-    end for nobody, holding the API's only slot."""
-    tag = f"notified-{mode}"
+@pytest.mark.parametrize("mode", ["polite", "polite_sync"])
+def test_with_notify_a_stream_whose_client_left_runs_until_it_stops_itself(
+    server: Any, project: Path, mode: str
+) -> None:
+    """`on_disconnect: notify` (Truss's default) never cancels user code, a stream's neither: its generator is
+    resumed, told by `is_cancelled()`, and stops by itself, as under Truss (whose own test model checks
+    `is_disconnected()` after a yield). The request is counted as a 499 (it was a 200), and the slot then freed."""
+    tag, request_id = f"notified-{mode}", uuid.uuid4().hex
+    before = counted(server, "notified", 499)
     with connect(server) as sock:
-        sock.sendall(post("/notified", orjson.dumps({"mode": mode, "tag": tag})))
+        sock.sendall(post("/notified", orjson.dumps({"mode": mode, "tag": tag}), f"X-Request-ID: {request_id}"))
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     seen = wait_for_note(project, tag, "finally")
-    assert "chunk 399" not in seen
+    assert "told" in seen and "chunk 399" not in seen
+    assert '"POST /notified HTTP/1.1" 499' in wait_for_access_line(server, request_id)
+    assert counted(server, "notified", 499) == before + 1
     answer = httpx.post(server.url + "/notified", json={"mode": "lines"}, timeout=DEADLINE)
     assert answer.status_code == 200
 
