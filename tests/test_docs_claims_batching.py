@@ -420,3 +420,20 @@ def test_the_v2_route_of_a_model_file_refuses_a_long_string_with_a_short_400(
     assert answer.status_code == 400, answer.text[:300]
     assert fragment in answer.json()["error"]
     assert len(answer.content) < 1000
+
+
+@pytest.mark.parametrize(
+    ("type_name", "said"),
+    [
+        ("tensor(bfloat16)", "input 'x' is a tensor of bfloat16, a dtype numpy lacks"),
+        ("seq(tensor(float))", "input 'x' is of type seq(tensor(float)), not a tensor"),
+    ],
+)
+def test_an_input_modelserve_cannot_convert_to_is_refused_naming_it(type_name: str, said: str) -> None:
+    """'A model with an input of a dtype numpy lacks (bfloat16 [...]) or an input that is not a tensor [...] is
+    refused when the API loads, with an error that names the input' (a bfloat16 tensor was said to be none)."""
+    from modelserve.runtimes._tensors import InputConverter, TensorSpec
+
+    with pytest.raises(TypeError) as refused:
+        InputConverter([TensorSpec("x", None, ("batch",), type_name)])
+    assert str(refused.value).startswith(said)

@@ -315,7 +315,15 @@ class InputConverter:
         self._fits: dict[str, tuple[int, ...]] = {}
         for spec in self.inputs:
             if spec.dtype is None:
-                raise TypeError(f"input '{spec.name}' is of type {spec.type_name}; only tensor inputs are supported")
+                kind = spec.type_name or "unknown"
+                what = (
+                    f"a tensor of {kind[7:-1]}, a dtype numpy lacks"
+                    if kind.startswith("tensor(")
+                    else f"of type {kind}, not a tensor"
+                )
+                raise TypeError(
+                    f"input '{spec.name}' is {what}; the inputs served are tensors of numbers, bool or strings"
+                )
             rank = -1 if spec.shape is None else len(spec.shape)
             fixed = tuple((i, d) for i, d in enumerate(spec.shape or ()) if isinstance(d, int) and d >= 0)
             self._steps[spec.name] = (spec, converter_for(spec.dtype), rank, fixed)
