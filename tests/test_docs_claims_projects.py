@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import modelserve
-from modelserve.config import ApiConfig, BatchingConfig
+from modelserve.config import ApiConfig, BatchingConfig, load_project_config
 from tests.conftest import Server, free_port, write_project
 from tests.test_readme import blocks, page, section
 
@@ -184,14 +184,14 @@ def run_cli(project: Path, timeout: float = 60) -> subprocess.CompletedProcess[s
             3,
             "model.py:Model: Model() raised ValueError: boom (model.py, line 3)",
         ),
-        # A config.yaml beside a model/ folder is a Truss, whatever else the folder holds.
+        # A Truss without its model file, and no model.py beside: told what it lacks.
         (
-            {"config.yaml": "learning_rate: 0.1\n", "model/weights.txt": "0.5\n", "model.py": ECHO},
+            {"config.yaml": "model_name: sentiment\n", "model/weights.txt": "0.5\n"},
             2,
             "the model class file 'model/model.py' was not found",
         ),
     ],
-    ids=["empty", "no-class-Model", "init-raises", "config-yaml-and-model-folder"],
+    ids=["empty", "no-class-Model", "init-raises", "truss-without-its-model"],
 )
 def test_a_folder_that_cannot_be_served_exits_with_the_pages_code(
     tmp_path: Path, files: dict[str, str], code: int, message: str
@@ -201,24 +201,13 @@ def test_a_folder_that_cannot_be_served_exits_with_the_pages_code(
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_modelserve_yaml_serves_a_folder_that_looks_like_a_truss(tmp_path: Path) -> None:
-    """projects.md's way out of the case above: a modelserve.yaml wins over the Truss layout."""
-    root = write_project(
-        tmp_path / "project",
-        {
-            "config.yaml": "learning_rate: 0.1\n",
-            "model/weights.txt": "0.5\n",
-            "model.py": ECHO,
-            "modelserve.yaml": "apis: [{name: model, handler: {path: model.py, class: Model}}]\n",
-        },
-    )
-    (api,) = modelserve.config.load_project_config(root).apis
+@pytest.mark.parametrize("own", [{}, {"modelserve.yaml": "apis: [{name: model, handler: {path: model.py}}]\n"}])
+def test_a_lone_model_py_beside_a_model_folder_and_a_config_yaml_is_served(tmp_path: Path, own: dict[str, str]) -> None:
+    """projects.md: a config.yaml of the project's own settings and a model/ folder of weights made the folder a
+    Truss, and its model.py was not served (exit 2: 'model/model.py' not found)."""
+    files = {"config.yaml": "learning_rate: 0.1\n", "model/weights.txt": "0.5\n", "model.py": ECHO, **own}
+    (api,) = load_project_config(write_project(tmp_path / "project", files)).apis
     assert (api.name, api.handler and api.handler.path, api.truss) == ("model", "model.py", None)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 # embedding.md: create_app(handler=...)'s options are modelserve.yaml's keys, checked the same way

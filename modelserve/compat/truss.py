@@ -263,18 +263,29 @@ def apply_truss(api: ApiConfig, raw: dict[str, Any], where: str, root: Path, pro
 
 
 def detect(root: Path) -> bool:
-    """Whether a folder is a Truss: a config.yaml with a ``model/`` folder, or naming its own model folder or
-    server image."""
+    """Whether a folder is a Truss: a config.yaml naming its own model folder or server image, or beside a
+    ``model/`` folder. Not when that folder lacks the Truss's model file while a ``model.py`` stands beside
+    it: that is a project served as a lone model.py, whose ``model/`` holds weights and whose config.yaml is
+    its own (a Truss missing its model file, with no model.py beside, is still one, and told what it lacks)."""
     config = root / TRUSS_CONFIG
-    return config.is_file() and ((root / "model").is_dir() or _names_its_own_model(config))
+    if not config.is_file():
+        return False
+    data = _read_config(config)
+    if "model_module_dir" in data or "docker_server" in data:
+        return True
+    if not (root / "model").is_dir():
+        return False
+    filename = data.get("model_class_filename")
+    model_file = root / "model" / (filename if isinstance(filename, str) and filename else "model.py")
+    return model_file.is_file() or not (root / "model.py").is_file()
 
 
-def _names_its_own_model(path: Path) -> bool:
+def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and ("model_module_dir" in data or "docker_server" in data)
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def load(root: Path) -> ProjectConfig:
