@@ -40,6 +40,10 @@ PROJECT = {
           - name: single
             handler: {path: model.py, class: Stepper}
             max_concurrency: 1
+          - name: userstream
+            handler: {path: model.py, class: UserStream}
+            max_concurrency: 1
+            timeout: 0.2
           - name: held
             handler: {path: model.py, class: Held}
             max_concurrency: 1
@@ -144,6 +148,23 @@ PROJECT = {
                     yield "1\\n"
                 finally:
                     note("stepper", "finally")
+
+
+        class UserStream:
+            def predict(self, inputs):
+                from starlette.responses import StreamingResponse
+
+                if inputs.get("quick"):
+                    return {"quick": True}
+                return StreamingResponse(self.steps(), media_type="text/plain")
+
+            async def steps(self):
+                yield "0\\n"
+                await asyncio.sleep(0.5)  # past the API's timeout
+                deadline = time.monotonic() + 60
+                while not Path("go-user").exists() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                yield "1\\n"
 
 
         class Held:
@@ -541,3 +562,24 @@ def test_a_client_leaving_a_stream_is_counted_as_499_and_logged_as_no_error(
     httpx.get(server.url + "/healthz", headers={"x-request-id": marker})
     wait_for_access_line(server, marker)
     assert [line for line in server.log.splitlines() if " ERROR " in line] == errors
+
+
+def test_a_starlette_streaming_response_runs_outside_the_slot_and_the_timeout(server: Any, project: Path) -> None:
+    """A StreamingResponse that predict returns is sent as it is once the call is over: its iterator holds no
+    slot (another request runs meanwhile, with max_concurrency 1) and outlives the API's timeout."""
+    with connect(server) as sock:
+        sock.sendall(post("/userstream", b"{}"))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert httpx.post(server.url + "/userstream", json={"quick": 1}).json() == {"quick": True}
+        (project / "go-user").touch()
+        answer = read_to_end_of_chunks(sock)
+    assert answer.endswith(b"2\r\n1\n\r\n0\r\n\r\n")  # its last chunk, and a clean end
+
+
+def read_to_end_of_chunks(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection: {data[-100:]!r}"
+        data += chunk
+    return data
