@@ -8,6 +8,7 @@ file, a metrics key, CORS, allowed_hosts) over a realtime and an async API, and 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+from websockets.typing import Origin, Subprotocol
 
 import modelserve
 from modelserve.config import ApiConfig, BatchingConfig, load_project_config
@@ -94,6 +98,19 @@ def test_a_refused_host_varies_by_origin_as_every_answer_does(guarded: Server, o
     assert answer.status_code == 400 and "allowed_hosts" in answer.json()["error"]
     assert "Origin" in answer.headers.get_list("vary")
     assert answer.headers.get("access-control-allow-origin") == origin
+
+
+def test_a_browser_websocket_sends_its_key_as_a_subprotocol_from_an_allowed_origin(guarded: Server) -> None:
+    """beyond-loopback.md: a browser's WebSocket carries its key as ``bearer.<key>``, and its handshake is
+    checked against allow_origins, which browsers do not do for WebSockets."""
+    url = guarded.url.replace("http://", "ws://") + "/iris/ws"
+    with connect(url, origin=Origin(ALLOWED), subprotocols=[Subprotocol(f"bearer.{API_KEY}")]) as socket:
+        socket.send("[1, 2]")
+        assert json.loads(socket.recv(timeout=30)) == [1, 2]
+    for origin, status in [("https://evil.example", 403), (ALLOWED, 401)]:  # 401: no key
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, origin=Origin(origin)).close()
+        assert refused.value.response.status_code == status
 
 
 def test_an_async_submit_that_cannot_be_decoded_is_a_400_the_document_lists(guarded: Server) -> None:
