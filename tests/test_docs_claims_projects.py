@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -324,6 +328,47 @@ def test_serve_takes_false_for_what_is_on_by_default_and_lists(tmp_path: Path) -
     finally:
         assert server.stop() == 0, server.log
     assert "POST /model" not in server.log  # no access lines
+
+
+LIFESPAN_RUN = """
+import sys
+
+import modelserve
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+{snippet}
+
+uvicorn.run(parent, host="127.0.0.1", port=int(sys.argv[-1]), log_level="info")
+"""
+
+
+def test_a_parent_lifespan_loads_the_mounted_app_before_the_first_request(tmp_path: Path) -> None:
+    """embedding.md's lifespan, run as written under uvicorn: the first request to the mounted app is answered by
+    the loaded model (without it, the first request starts the loading and is a 503)."""
+    text = section(page("embedding.md"), "create_app")
+    (snippet,) = re.findall(r"^  ```python\n(.*?)^  ```", text, re.DOTALL | re.MULTILINE)
+    script = tmp_path / "parent.py"
+    script.write_text(LIFESPAN_RUN.format(snippet=textwrap.dedent(snippet)))
+    server = ScriptServer(script, log_dir=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # uvicorn listens once the lifespan has started: no HTTP request before that
+            assert server.process.poll() is None, server.log
+            try:
+                socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, server.log
+                time.sleep(0.05)
+        row = {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
+        answer = httpx.post(server.url + "/ml/iris", json=row)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["label"] == "setosa"
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log
 
 
 MOUNTED = """
