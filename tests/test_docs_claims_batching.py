@@ -437,3 +437,35 @@ def test_an_input_modelserve_cannot_convert_to_is_refused_naming_it(type_name: s
     with pytest.raises(TypeError) as refused:
         InputConverter([TensorSpec("x", None, ("batch",), type_name)])
     assert str(refused.value).startswith(said)
+
+
+def test_the_tensorflow_thread_settings_one_api_loses_are_named_in_a_warning(tmp_path: Path, start_server: Any) -> None:
+    """'with two TensorFlow APIs in one project (they load at once), the settings of the one whose model loads
+    first win, and a warning names the other's as ignored': both were set, silently, the last before the
+    runtime started winning."""
+    pytest.importorskip("tensorflow")
+    import shutil
+
+    from tests.models import iris_saved_model
+
+    iris_saved_model(tmp_path / "first")
+    shutil.copytree(tmp_path / "first", tmp_path / "second")
+    project = write_project(
+        tmp_path,
+        {
+            "modelserve.yaml": """
+                apis:
+                  - name: first
+                    model: {path: first, intra_op_threads: 1}
+                  - name: second
+                    model: {path: second, intra_op_threads: 2}
+            """
+        },
+    )
+    server = start_server(project)
+    server.wait_ready()
+    ignored = [line for line in server.log.splitlines() if "are ignored" in line]
+    assert len(ignored) == 1, server.log
+    first, second = "of first are ignored", "of second are ignored"
+    said = ignored[0]
+    assert (first in said and "set for second" in said) or (second in said and "set for first" in said)

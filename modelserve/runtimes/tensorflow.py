@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,22 +51,42 @@ def signature_defs(path: Path) -> dict[str, Any]:
     return {}
 
 
+#: The model whose thread counts TensorFlow took, once one has set them (the first model loaded in the process).
+_threads_from: str | None = None
+_threads_lock = threading.Lock()
+
+
 def set_threads(config: ModelFileConfig) -> None:
-    """Thread counts must be set before TensorFlow's runtime starts; later they are ignored (with a warning when
-    the API set them; the default, `default_intra_op_threads`, applies to the first model of the process)."""
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(
-            config.intra_op_threads if config.intra_op_threads is not None else default_intra_op_threads()
-        )
-        if config.inter_op_threads is not None:
-            tf.config.threading.set_inter_op_parallelism_threads(config.inter_op_threads)
-    except RuntimeError:
-        if config.intra_op_threads is None and config.inter_op_threads is None:
-            return
+    """Thread counts must be set before TensorFlow's runtime starts, once per process: the first model loaded sets
+    them (the default, `default_intra_op_threads`, when its API sets none), and a later one whose API asks for
+    other counts is told, with a warning, that they are ignored.
+
+    The APIs of a project load at once, each in a worker thread: without the lock, a second model could set its
+    counts before the first one's load started the runtime, silently, and which one won depended on the race."""
+    global _threads_from
+    intra, inter = config.intra_op_threads, config.inter_op_threads
+    with _threads_lock:
+        first = _threads_from
+        if first is None:
+            _threads_from = config.path
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(
+                    intra if intra is not None else default_intra_op_threads()
+                )
+                if inter is not None:
+                    tf.config.threading.set_inter_op_parallelism_threads(inter)
+                return
+            except RuntimeError:  # the runtime was started before any model loaded (the project's own code)
+                first = "code that started TensorFlow's runtime before any model loaded"
+    ignored = (intra is not None and intra != tf.config.threading.get_intra_op_parallelism_threads()) or (
+        inter is not None and inter != tf.config.threading.get_inter_op_parallelism_threads()
+    )
+    if ignored:
         logger.warning(
-            "tensorflow: intra_op_threads/inter_op_threads of %s are ignored: TensorFlow's runtime was "
-            "already started in this process",
+            "tensorflow: intra_op_threads/inter_op_threads of %s are ignored: TensorFlow takes them once per "
+            "process, and they were set for %s",
             config.path,
+            first,
         )
 
 
