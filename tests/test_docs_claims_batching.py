@@ -5,6 +5,7 @@ for values a model's inputs cannot take (decided before numpy makes an array the
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from modelserve.errors import ConfigError
 from tests.batch_models import _busy_zero, _calibrated
 from tests.conftest import write_project
 from tests.models import IRIS_B, IRIS_W, iris_expected, iris_onnx, save_model, two_inputs_onnx
-from tests.test_batching import wait_in_flight
 
 MODEL = """
 import time
@@ -202,9 +202,12 @@ def test_a_batched_api_admits_a_batch_more_than_it_runs_then_its_line_then_503(s
     async def scenario() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             first = [asyncio.ensure_future(http.post("/held", json={"x": x, "hold": True})) for x in range(5)]
-            await asyncio.to_thread(wait_in_flight, server, "held", 4)
-            metrics = (await http.get("/metrics")).text
-            assert 'modelserve_requests_waiting{api="held"} 1.0' in metrics.splitlines()
+            # 4 admitted (running or forming the next batch), 1 waiting in the line
+            lines = {'modelserve_requests_in_flight{api="held"} 4.0', 'modelserve_requests_waiting{api="held"} 1.0'}
+            deadline = time.monotonic() + 30  # bounds a failing test; a passing one waits for the server alone
+            while not lines <= set((await http.get("/metrics")).text.splitlines()):
+                assert time.monotonic() < deadline, server.log
+                await asyncio.sleep(0.01)
             refused = await http.post("/held", json={"x": 5, "hold": True})
             (project / "release").touch()
             return [refused, *await asyncio.gather(*first)]
