@@ -260,6 +260,14 @@ def test_create_app_checks_its_options_as_modelserve_yaml_does(options: dict[str
     assert fragment in str(raised.value)
 
 
+@pytest.mark.parametrize("options", [{"max_concurrency": 4}, {"name": "echo"}, {"config": {"a": 1}}, {"timout": 3}])
+def test_create_app_of_a_folder_refuses_the_options_of_a_class(tmp_path: Path, options: dict[str, Any]) -> None:
+    """They were dropped without a word: create_app("folder", timeout=5) served the folder's own timeout."""
+    root = write_project(tmp_path / "project", {"model.py": ECHO})
+    with pytest.raises(modelserve.ConfigError, match=f"create_app: '{next(iter(options))}' is for a class"):
+        modelserve.create_app(root, **options)
+
+
 @pytest.mark.anyio
 async def test_create_app_takes_the_yaml_forms_of_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODELSERVE_URL", "http://test")  # gone after the test: the first request would set it

@@ -253,6 +253,13 @@ def create_app(
     """
     if (project_dir is None) == (handler is None):
         raise ConfigError("create_app needs a project folder or a handler class (one of the two)")
+    if project_dir is not None:  # else silently ignored: a project folder's APIs are its modelserve.yaml's
+        given = [*(["name"] if name != "model" else []), *(["config"] if config is not None else []), *api_options]
+        if given:
+            raise ConfigError(
+                f"create_app: {given[0]!r} is for a class given as handler=; the APIs of a project folder take "
+                "theirs from its modelserve.yaml"
+            )
     before, moved = _working_dir(), project_module._moved
     try:
         if project_dir is not None:
