@@ -219,7 +219,7 @@ class Exchange:
                     ctx.crowded = True
                 if self.prepare is not None:
                     prepared = self.prepare(body, head)
-                    body = prepared if type(prepared) is bytes else await _threads.run_sync(prepared)
+                    body = prepared if isinstance(prepared, bytes) else await _threads.run_sync(prepared)
                 pipeline = api.backend.pipeline
                 value = None
                 if pipeline.needs_inputs or self.always_decode:
