@@ -3,7 +3,8 @@ thing: the command line run as a subprocess, real uvicorn servers on free loopba
 
 Two servers are shared by the module: beyond-loopback.md's own configuration (API keys from a variable and a
 file, a metrics key, CORS, allowed_hosts) over a realtime and an async API, and a lone ``model.py`` with a
-``.env``. The rest start a process each where the claim is about starting one.
+``.env``. A claim about starting a process (an exit code, a warning, ``serve``, a parent app under uvicorn) starts
+its own; what ``create_app`` checks and fills in is asked of it in the test's process.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from starlette.applications import Starlette
+from starlette.routing import Mount
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Origin, Subprotocol
@@ -418,6 +421,30 @@ def test_mounted_projects_share_one_modelserve_url(tmp_path: Path) -> None:
         assert httpx.post(base + "/a/model", json=1).json() == f"{base}/b"  # a's code reads b's URL
     finally:
         server.stop()  # uvicorn.run raises the SIGTERM again once it has shut down
+
+
+@pytest.mark.anyio
+async def test_a_modelserve_url_the_environment_sets_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """embedding.md: without base_url the first request fills MODELSERVE_URL in, unless the environment set it."""
+
+    class Url:
+        def predict(self, inputs: Any) -> Any:
+            return os.environ["MODELSERVE_URL"]
+
+    for preset, seen in [(None, "http://first.example:81/ml"), ("https://models.example.com", None)]:
+        monkeypatch.setenv("MODELSERVE_URL", "-")  # restored after the test, whatever the app sets
+        if preset is None:
+            monkeypatch.delenv("MODELSERVE_URL")
+        else:
+            monkeypatch.setenv("MODELSERVE_URL", preset)
+        app = modelserve.create_app(handler=Url, name="url")
+        parent = Starlette(routes=[Mount("/ml", app=app)])
+        await app.server.wait_loaded()
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(parent), base_url="http://first.example:81"
+        ) as client:
+            assert (await client.post("/ml/url", json=1)).json() == (seen or preset)
+        await app.server.close()
 
 
 # beyond-loopback.md: the warning of a bind beyond loopback
