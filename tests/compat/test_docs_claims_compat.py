@@ -52,6 +52,25 @@ NAMED_DOCS = {
 }
 
 
+#: A Truss API beside another realtime API (modelserve.yaml): the routes of a lone API are not its.
+TRUSS_BESIDE_ANOTHER = {
+    "config.yaml": """
+        model_name: first
+    """,
+    "model/model.py": """
+        class Model:
+            def predict(self, inputs):
+                return "first"
+    """,
+    "modelserve.yaml": """
+        apis:
+          - name: first
+            truss: config.yaml
+          - name: second
+            handler: {path: model/model.py, class: Model}
+    """,
+}
+
 #: Cortex 0.35 keys that no version of Cortex had (a misspelt threads_per_process would leave one thread), and
 #: an AsyncAPI with server_side_batching, which Cortex gave RealtimeAPIs only.
 CORTEX = {
@@ -91,6 +110,7 @@ def servers(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) 
         "basic": start_server_module(DATA / "test_basic_truss"),
         "docs": start_server_module(write_project(root / "named-docs", NAMED_DOCS)),
         "cortex": start_server_module(write_project(root / "cortex", CORTEX)),
+        "two": start_server_module(write_project(root / "two", TRUSS_BESIDE_ANOTHER)),
     }
     for server in started.values():
         server.wait_ready()
@@ -119,6 +139,17 @@ def test_truss_s_clients_path_under_model_reaches_a_truss_named_otherwise(server
     # the page: Truss's other model paths are not served
     for path in ("/v1/models/basic-truss/loaded", "/v1/models/basic-truss/schema"):
         assert httpx.get(url + path).status_code == 404, path
+
+
+def test_a_truss_api_beside_another_realtime_api_has_only_its_own_paths(servers: dict[str, Any]) -> None:
+    """The page: SageMaker's routes and the paths under ``model`` are a Truss API's when it is the project's only
+    realtime API (which of two would they reach?)."""
+    url = servers["two"].url
+    assert httpx.post(url + "/v1/models/first:predict", json={}).json() == "first"
+    assert httpx.get(url + "/v1/models/first").status_code == 200
+    for method, path in (("POST", "/v1/models/model:predict"), ("GET", "/ping"), ("POST", "/invocations")):
+        answer = httpx.request(method, url + path, json={})
+        assert 400 <= answer.status_code < 500 and answer.json()["request_id"], (method, path)
 
 
 def test_the_alias_leaves_the_openapi_document_valid(servers: dict[str, Any]) -> None:
