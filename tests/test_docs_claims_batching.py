@@ -242,7 +242,7 @@ def test_a_predict_that_returns_no_list_fails_with_a_500_and_the_log_says_why(se
     assert "got a list of 1 inputs and returned ndarray; it must return a list of the same length" in server.log
 
 
-def test_typed_inputs_of_a_batched_model_class_are_preprocesss(client: httpx.Client) -> None:
+def test_the_typed_inputs_of_a_batched_model_class_are_those_of_preprocess(client: httpx.Client) -> None:
     """'Typed inputs are those of preprocess: a body that does not fit its annotation is a 400 for that request
     alone. An annotation of the batched predict validates nothing and converts nothing'."""
     assert client.post("/typed", json={"x": 3}).json() == {"doubled": 6}
