@@ -153,6 +153,15 @@ class Limiter:
         self.admitted += 1
         self.queued_bytes += size
 
+    def count(self, size: int) -> None:
+        """Count `size` more bytes for an admitted request whose body's size was not known when it was admitted
+        (a chunked body, once read): pass the sum on to `acquire`, `run` or `unadmit`."""
+        if self._workers:
+            with self._lock:
+                self.queued_bytes += size
+        else:
+            self.queued_bytes += size
+
     def unadmit(self, size: int = 0) -> None:
         """An admitted request leaves before `acquire` (its body was refused, or its client left)."""
         with self._lock:

@@ -212,6 +212,10 @@ class Exchange:
                 raise
             try:
                 body = await read_body(receive, limit, None)
+                if length is None and body and admit is None:
+                    # A chunked body: its bytes count in max_queued_bytes once read (unknown when it was admitted).
+                    size = len(body)
+                    api.limiter.count(size)
                 # Requests parsed after this one while it waited for the loop: the server is busy (`Api.call`;
                 # known before decoding, which a spec may leave to the call's worker thread then, as V2 does).
                 order = scope.get(ORDER)

@@ -52,6 +52,11 @@ PROJECT = {
             handler: {path: model.py, class: Held}
             max_concurrency: 1
             max_queue_length: 0
+          - name: queued
+            handler: {path: model.py, class: Held}
+            max_concurrency: 1
+            max_queue_length: 10
+            max_queued_bytes: 1000
     """,
     "model.py": """
         import asyncio
@@ -362,12 +367,12 @@ def test_a_v2_body_is_decompressed_off_the_event_loop(monkeypatch: pytest.Monkey
     assert on_the_loop == [False]
 
 
-@pytest.fixture
-def held(server: Any, project: Path) -> Iterator[None]:
-    """The `held` API's only slot taken (and no line) while the test runs."""
+@contextlib.contextmanager
+def holding(server: Any, project: Path, api: str) -> Iterator[None]:
+    """The only slot of `api` (a `Held`) taken while the block runs."""
     (project / "release").unlink(missing_ok=True)
     (project / "held").unlink(missing_ok=True)
-    holder = threading.Thread(target=httpx.post, args=(server.url + "/held",), kwargs={"json": {}, "timeout": 60})
+    holder = threading.Thread(target=httpx.post, args=(f"{server.url}/{api}",), kwargs={"json": {}, "timeout": 60})
     holder.start()
     deadline = time.monotonic() + DEADLINE
     while not (project / "held").exists():
@@ -378,6 +383,13 @@ def held(server: Any, project: Path) -> Iterator[None]:
     finally:
         (project / "release").touch()
         holder.join(DEADLINE)
+
+
+@pytest.fixture
+def held(server: Any, project: Path) -> Iterator[None]:
+    """The `held` API's only slot taken (and no line) while the test runs."""
+    with holding(server, project, "held"):
+        yield
 
 
 def test_a_small_body_refused_with_503_keeps_its_connection(server: Any, held: None) -> None:
@@ -652,3 +664,20 @@ def read_to_end_of_chunks(sock: socket.socket) -> bytes:
         assert chunk, f"the server closed the connection: {data[-100:]!r}"
         data += chunk
     return data
+
+
+def test_a_chunked_body_counts_in_max_queued_bytes_once_read(server: Any, project: Path) -> None:
+    """docs/http.md: a chunked body is counted once read. It never was: waiting chunked bodies held any number of
+    bytes beside max_queued_bytes, and a request with a Content-Length was admitted past them."""
+    body = orjson.dumps({"pad": "x" * 900})
+    with connect(server) as chunked:
+        with holding(server, project, "queued"):
+            chunked.sendall(post("/queued", b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body), "Transfer-Encoding: chunked"))
+            deadline = time.monotonic() + DEADLINE
+            while sample(server, 'modelserve_requests_waiting{api="queued"}') < 1:  # read, and waiting for the slot
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            answer = httpx.post(server.url + "/queued", content=orjson.dumps({"pad": "y" * 200}))
+            assert answer.status_code == 503
+            assert "max_queued_bytes" in answer.json()["error"]
+        assert read_http_answer(chunked).startswith(b"HTTP/1.1 200")  # served once the slot was free
