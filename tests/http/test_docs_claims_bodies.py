@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import free_port, read_http_answer, serve_in_thread, write_project
+from tests.conftest import REPO, free_port, read_http_answer, serve_in_thread, write_project
 
 PROJECT = {
     "modelserve.yaml": """
@@ -681,3 +681,19 @@ def test_a_chunked_body_counts_in_max_queued_bytes_once_read(server: Any, projec
             assert answer.status_code == 503
             assert "max_queued_bytes" in answer.json()["error"]
         assert read_http_answer(chunked).startswith(b"HTTP/1.1 200")  # served once the slot was free
+
+
+def test_the_streaming_examples_long_generation_is_a_prompt_it_takes() -> None:
+    """docs/streaming.md's example: its README's long generation asked for 1000 tokens, which its `Prompt`
+    (at most 256) refused with a 400."""
+    pytest.importorskip("pydantic")
+    import importlib.util
+
+    folder = REPO / "examples" / "streaming-tokens"
+    asked = re.search(r'`"max_tokens": (\d+)`', (folder / "README.md").read_text())
+    assert asked is not None
+    spec = importlib.util.spec_from_file_location("streaming_tokens_model", folder / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.Prompt(prompt="hello", max_tokens=int(asked.group(1))).max_tokens == int(asked.group(1))
