@@ -30,6 +30,8 @@ PROJECT = {
             handler: {path: model.py, class: Echo}
           - name: raw
             handler: {path: model.py, class: Raw}
+          - name: keeper
+            handler: {path: model.py, class: Keeper}
           - name: double
             handler: {path: model.py, class: Double}
           - name: stream
@@ -74,6 +76,15 @@ PROJECT = {
         class Echo:
             def predict(self, inputs):
                 return {"n": len(inputs["x"]), "sum": sum(inputs["x"])}
+
+
+        class Keeper:
+            kept = None
+
+            def predict(self, inputs):
+                if "x" in inputs:
+                    self.kept = inputs["x"]
+                return {"kept": self.kept}
 
 
         class Double:
@@ -292,6 +303,17 @@ def test_a_large_json_body_decodes_to_orjsons_value_and_its_400(server: Any) -> 
     answer = httpx.post(server.url + "/echo", content=broken, headers={"content-type": "application/json"})
     assert answer.status_code == 400
     assert answer.json()["error"] == f"request body is not valid JSON: {raised.value}"
+
+
+def test_a_part_of_a_large_body_that_user_code_kept_is_left_whole(server: Any) -> None:
+    """A value decoded from a body over 64 KiB is taken apart once answered, but not a part user code kept."""
+    rows = [[float(i), float(i) / 3, -float(i)] for i in range(20000)]
+    body = orjson.dumps({"x": rows})
+    assert len(body) > 64 * 1024
+    first = httpx.post(server.url + "/keeper", content=body, headers={"content-type": "application/json"})
+    assert first.status_code == 200
+    answer = httpx.post(server.url + "/keeper", json={})
+    assert answer.json() == {"kept": rows}
 
 
 def test_a_compressed_body_reaches_the_api_as_it_came(server: Any) -> None:
