@@ -719,3 +719,19 @@ def test_the_streaming_examples_long_generation_is_a_prompt_it_takes() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.Prompt(prompt="hello", max_tokens=int(asked.group(1))).max_tokens == int(asked.group(1))
+
+
+@pytest.mark.parametrize(("edge", "answered"), [("server", b""), ("granian_server", b"HTTP/1.1 400")])
+def test_a_body_cut_short_by_its_client_is_closed(edge: str, answered: bytes, request: pytest.FixtureRequest) -> None:
+    """docs/edge.md: uvicorn closes without an answer, granian answers the JSON 400; both count a 499."""
+    server = request.getfixturevalue(edge)
+    before = counted(server, "echo", 499)
+    with connect(server) as sock:
+        sock.sendall(post("/echo", b'{"x": [1, 2, 3]}')[:-5])
+        sock.shutdown(socket.SHUT_WR)
+        answer = read_to_end(sock)
+    assert answer.startswith(answered) if answered else answer == b""
+    deadline = time.monotonic() + DEADLINE
+    while counted(server, "echo", 499) == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
