@@ -568,7 +568,7 @@ def test_a_cortex_handler_gets_the_tensors_as_its_payload(tmp_path: Path) -> Non
 def test_an_api_named_v2_is_refused() -> None:
     import modelserve
 
-    with pytest.raises(modelserve.ConfigError, match="named 'v2'"):
+    with pytest.raises(modelserve.ConfigError, match="'v2' is reserved"):
         modelserve.create_app(handler=type("Model", (), {"predict": lambda self, x: x}), name="v2")
 
 
