@@ -527,6 +527,8 @@ async def _send_collected(
             texts.append(found[0])
             finish = found[1] or finish
             usage = found[2] or usage
+        if stream.watch.fired:  # as in `_send_stream`: nobody is left to answer
+            raise stream.api.cancelled(stream.ctx)
         stream.watch.disarm()
     except Exception as error:
         stream.watch.disarm()
@@ -569,6 +571,8 @@ async def _send_stream(
                     body, opening = opening + body, b""
                 await send({"type": "http.response.body", "body": body, "more_body": True})
             found = await _next_piece(stream)
+        if stream.watch.fired:  # on_disconnect: notify: the client left, and the generator then stopped by itself
+            raise stream.api.cancelled(stream.ctx)
         stream.watch.disarm()
         tail = opening + envelope.event(None, finish or "stop")
         if request.include_usage and usage is not None:

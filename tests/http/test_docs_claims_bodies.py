@@ -43,6 +43,11 @@ PROJECT = {
             handler: {path: model.py, class: Streams}
             on_disconnect: notify
             max_concurrency: 1
+          - name: notifiedchat
+            handler: {path: model.py, class: Streams}
+            openai: chat
+            on_disconnect: notify
+            max_concurrency: 1
           - name: single
             handler: {path: model.py, class: Stepper}
             max_concurrency: 1
@@ -544,6 +549,26 @@ def test_with_notify_a_stream_whose_client_left_runs_until_it_stops_itself(
     assert counted(server, "notified", 499) == before + 1
     answer = httpx.post(server.url + "/notified", json={"mode": "lines"}, timeout=DEADLINE)
     assert answer.status_code == 200
+
+
+def test_with_notify_an_openai_stream_whose_client_left_is_a_499(server: Any, project: Path) -> None:
+    """The same on OpenAI's paths: the generator stops by itself, and the request is a 499 (it was a 200)."""
+    tag, request_id = "notified-chat", uuid.uuid4().hex
+    before = counted(server, "notifiedchat", 499)
+    body = {"model": "notifiedchat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with connect(server) as sock:
+        sock.sendall(
+            post(
+                "/v1/chat/completions",
+                orjson.dumps({**body, "mode": "polite", "tag": tag}),
+                f"X-Request-ID: {request_id}",
+            )
+        )
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    seen = wait_for_note(project, tag, "finally")
+    assert "told" in seen and "chunk 399" not in seen
+    assert '"POST /v1/chat/completions HTTP/1.1" 499' in wait_for_access_line(server, request_id)
+    assert counted(server, "notifiedchat", 499) == before + 1
 
 
 @pytest.mark.parametrize(("api", "status"), [("stream", 499), ("timed", 504)], ids=["client-leaves", "timeout"])
