@@ -52,7 +52,7 @@ from modelserve.errors import ConfigError, HTTPError, LoadError, UserCodeError, 
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -113,11 +113,11 @@ def install() -> Tracing:
     """Turn tracing on in this process (once; each worker process of ``--workers N`` installs its own).
 
     The tracer provider is the global one when the embedding program already set one; otherwise modelserve
-    sets one: the resource from ``OTEL_SERVICE_NAME`` (default ``modelserve``) and ``OTEL_RESOURCE_ATTRIBUTES``,
-    the sampler from ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``, and the OTLP exporter of
-    ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf``, the default, or ``grpc``; its endpoint from
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) behind a batch span processor
-    (``OTEL_BSP_*``).
+    sets one: the resource from ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (where they name no
+    ``service.name``, ``modelserve``; no ``service.version``, modelserve's), the sampler from
+    ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``, and the OTLP exporter of ``OTEL_EXPORTER_OTLP_PROTOCOL``
+    (``http/protobuf``, the default, or ``grpc``; its endpoint from ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) behind a batch span processor (``OTEL_BSP_*``).
     """
     global _installed
     with _lock:
@@ -134,11 +134,12 @@ def _provider() -> trace.TracerProvider:
     exporter = _exporter()
     from modelserve import __version__
 
-    attributes: dict[str, Any] = {
-        "service.name": os.environ.get("OTEL_SERVICE_NAME") or "modelserve",
-        "service.version": __version__,
-        "process.pid": os.getpid(),  # which worker of --workers N made the span
-    }
+    # modelserve's defaults yield to what the environment names (OTEL_SERVICE_NAME, or ``service.name`` and
+    # ``service.version`` in OTEL_RESOURCE_ATTRIBUTES), as the SDK's own resource lets them
+    given = OTELResourceDetector().detect().attributes
+    defaults = {"service.name": "modelserve", "service.version": __version__}
+    attributes: dict[str, Any] = {key: value for key, value in defaults.items() if key not in given}
+    attributes["process.pid"] = os.getpid()  # which worker of --workers N made the span
     provider = TracerProvider(resource=_Resource(Resource.create(attributes)))
     provider.add_span_processor(_Batches(exporter))
     trace.set_tracer_provider(provider)
@@ -424,8 +425,12 @@ class _Batches(SpanProcessor):
         self.exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self._export()
-        return True
+        """Export what waits now, waited for at most `timeout_millis` (the export goes on in a thread of its
+        own: a collector that never answers must not hold the caller, the server's shutdown)."""
+        flushing = threading.Thread(target=self._export, name="modelserve-spans-flush", daemon=True)
+        flushing.start()
+        flushing.join(timeout_millis / 1000)
+        return not flushing.is_alive()
 
 
 def dropped_spans() -> int:
@@ -497,6 +502,7 @@ class Tracing:
         for api in server.apis.values():
             self._instrument_api(api)
         _count_dropped(server.metrics)
+        _flushed_at_close(server)
         from modelserve.metrics import has_exemplar_seam
 
         children = [api.metrics.latency for api in server.apis.values()]
@@ -532,7 +538,7 @@ class Tracing:
                 try:
                     result = await call(value, ctx, **options)
                 except HTTPError as exc:  # UserCodeError among them
-                    _record_failure(traced, exc)
+                    _record_failure(traced, exc, server=True)
                     raise
                 if traced.recording:  # not sampled: no child of it is either
                     if isinstance(result, Stream):
@@ -550,7 +556,7 @@ class Tracing:
             try:
                 result = await call(value, ctx, **options)
             except HTTPError as exc:  # UserCodeError among them
-                _record_failure(span, exc)
+                _record_failure(span, exc, server=traced is not None and traced.route)
                 raise
             if traced is None or not span.is_recording():  # not sampled: no child of it is either
                 return result
@@ -727,12 +733,13 @@ def _record_error(span: trace.Span, exc: BaseException) -> None:
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
 
 
-def _record_failure(span: trace.Span, exc: HTTPError) -> None:
+def _record_failure(span: trace.Span, exc: HTTPError, server: bool = False) -> None:
     """A call that failed, on its span: user code's failure as an event (`_record_user_error`), a refusal as the
-    span's status with its code and message."""
+    span's status with its code and message; on a route's `server` span, a refusal of 500 and above only (a
+    4xx leaves a server span's status unset: `_end_server_span`)."""
     if isinstance(exc, UserCodeError):
         _record_user_error(span, exc)
-    else:
+    elif exc.status_code >= 500 or not server:
         span.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
 
 
@@ -777,6 +784,27 @@ def _trace_stream(tracer: trace.Tracer, stream: Any) -> None:
 
     stream.next = traced_next
     stream.aclose = traced_close
+
+
+def _flushed_at_close(server: ModelServer) -> None:
+    """Have `server`'s close (the app's shutdown) export the spans that wait, once everything it closes has
+    ended its spans: a worker of ``--workers N`` is ended by uvicorn's re-raised SIGTERM once its app has shut
+    down, before the provider's own flush at the interpreter's exit could run, and lost the spans of its last
+    ``OTEL_BSP_SCHEDULE_DELAY``. Waited for at most ``OTEL_BSP_EXPORT_TIMEOUT`` ms."""
+    import asyncio
+
+    close = server.close
+    timeout = _setting("OTEL_BSP_EXPORT_TIMEOUT", 30000)
+
+    async def close_then_flush() -> None:
+        try:
+            await close()
+        finally:
+            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+            if callable(flush):
+                await asyncio.to_thread(flush, timeout)
+
+    server.close = close_then_flush  # type: ignore[method-assign]  # on the instance: the app's lifespan reads it
 
 
 def _count_dropped(metrics: Metrics) -> None:
@@ -932,7 +960,7 @@ class _LiveRoute(_TracedRoute):
                 status = span.answered
                 if status:
                     attributes["http.response.status_code"] = status
-                    if status >= 400:
+                    if status >= 500:  # a 4xx is the client's error, not the server's (`_end_server_span`)
                         attributes["error.type"] = str(status)
                         span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
                 span.end()
@@ -1047,10 +1075,12 @@ def _trace_headers(context: SpanContext) -> list[tuple[bytes, bytes]]:
 
 
 def _end_server_span(span: trace.Span, status: int, attributes: dict[str, Any] | None = None) -> None:
+    """End a server span with the status of its answer: an error (and ``error.type``) from 500 on; a 4xx leaves
+    the span's status unset, as OpenTelemetry's HTTP conventions say of a server span (the client erred)."""
     attributes = attributes if attributes is not None else {}
     if status:
         attributes["http.response.status_code"] = status
-        if status >= 400:
+        if status >= 500:
             attributes["error.type"] = str(status)
             span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
     if attributes:

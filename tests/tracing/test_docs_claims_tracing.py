@@ -1,0 +1,211 @@
+"""docs/observability.md's "Traces" section (up to "What tracing costs") held to a real server that exports
+over OTLP/HTTP to a loopback receiver (`tests.tracing.receiver`): the exporter's variables (the traces
+endpoint, the headers, the sampler, the resource), the server span's attributes and status, the headers a
+trace is continued from, and the spans a worker of ``--workers N`` still holds at its shutdown."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import write_project
+from tests.test_readme import page, section
+from tests.tracing.receiver import Receiver, Span, client_span, env
+
+TRACES = section(page("observability.md"), "Traces")
+
+PROJECT = {
+    "modelserve.yaml": """
+        apis:
+          - name: echo
+            handler: {path: model.py}
+    """,
+    "model.py": """
+        class Model:
+            def predict(self, inputs):
+                secret_local = "s3cr3t-" + "local"
+                if inputs.get("fail"):
+                    raise ValueError("no good")
+                return inputs
+    """,
+}
+
+
+class HeaderReceiver(Receiver):
+    """`Receiver`, keeping the headers of each export it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[dict[str, str]] = []
+        handler = self.server.RequestHandlerClass
+        sent = self.headers
+
+        class Handler(handler):  # type: ignore[valid-type,misc]
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                sent.append({key.lower(): value for key, value in self.headers.items()})
+                super().do_POST()
+
+        self.server.RequestHandlerClass = Handler
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[HeaderReceiver]:
+    collector = HeaderReceiver()
+    yield collector
+    collector.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any, collector: HeaderReceiver) -> Any:
+    """A server whose exporter's settings are each one of the page's variables: the traces endpoint (the
+    general one names a port where nothing listens), headers, a ratio sampler that keeps no new trace, and a
+    resource that names the service."""
+    down = Receiver()
+    down.close()
+    variables = {
+        **env(collector),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": down.endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.endpoint + "/v1/traces",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=k3y,x-tenant=docs",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+        "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes,service.version=2.5,deployment.environment=prod",
+    }
+    del variables["OTEL_SERVICE_NAME"]
+    server = start_server_module(write_project(tmp_path_factory.mktemp("claims"), PROJECT), env=variables)
+    server.wait_ready()
+    return server
+
+
+def server_span(receiver: Receiver, trace_id: str) -> Span:
+    return receiver.wait_for(lambda spans: next((s for s in spans if s.trace_id == trace_id and s.kind == 2), None))
+
+
+def ids(answer: httpx.Response) -> tuple[str, str, str]:
+    """(trace id, span id, flags) of the answer's ``traceparent``."""
+    version, trace_id, span_id, flags = answer.headers["traceparent"].split("-")
+    assert version == "00"
+    return trace_id, span_id, flags
+
+
+def traced(server: Any, path: str = "/echo", **options: Any) -> tuple[httpx.Response, str, str]:
+    """A request of a sampled caller: (the answer, its trace id, the caller's span id)."""
+    headers, trace_id, caller = client_span()
+    answer = httpx.post(server.url + path, headers={**headers, **options.pop("headers", {})}, **options)
+    return answer, trace_id, caller
+
+
+def test_the_traces_endpoint_headers_and_resource_reach_the_collector(server: Any, collector: HeaderReceiver) -> None:
+    answer, trace_id, caller = traced(server, json={})
+    assert answer.status_code == 200
+    span = server_span(collector, trace_id)  # sent to the whole URL of the traces endpoint, not the general one
+    assert span.parent_id == caller
+    assert all(sent["x-api-key"] == "k3y" and sent["x-tenant"] == "docs" for sent in collector.headers)
+    # what OTEL_RESOURCE_ATTRIBUTES names is used in place of modelserve's defaults
+    assert span.service == "from-attributes"
+    assert span.resource["service.version"] == "2.5"
+    assert span.resource["deployment.environment"] == "prod"
+    assert isinstance(span.resource["process.pid"], int)
+
+
+def test_the_ratio_sampler_keeps_no_new_trace_and_follows_the_caller(server: Any, collector: HeaderReceiver) -> None:
+    new = httpx.post(server.url + "/echo", json={})
+    new_trace, _, new_flags = ids(new)
+    assert new_flags == "00"
+    unsampled_trace = "5" * 32
+    refused = httpx.post(server.url + "/echo", json={}, headers={"traceparent": f"00-{unsampled_trace}-{'6' * 16}-00"})
+    assert ids(refused)[0] == unsampled_trace and ids(refused)[2] == "00"
+    kept, trace_id, caller = traced(server, json={})
+    assert ids(kept)[0] == trace_id and ids(kept)[2] == "01"
+    assert server_span(collector, trace_id).parent_id == caller
+    # spans are exported in the order they end: the ones before it would have come by now
+    assert not collector.trace(new_trace) and not collector.trace(unsampled_trace)
+
+
+def attributes_listed() -> list[str]:
+    """The server span's attributes as the page lists them."""
+    text = re.search(r"its attributes(.*?)\(`client\.port`", TRACES, flags=re.DOTALL)
+    assert text is not None
+    names = re.findall(r"`([a-z_.]+)`", text.group(1))
+    assert "http.route" in names and "url.query" in names
+    return names
+
+
+def test_the_server_span_has_the_attributes_the_page_lists(server: Any, collector: HeaderReceiver) -> None:
+    answer, trace_id, _ = traced(
+        server, "/echo?verbose=1", json={}, headers={"User-Agent": "claims/1", "X-Request-ID": "claims-1"}
+    )
+    assert answer.status_code == 200
+    span = server_span(collector, trace_id)
+    assert span.name == "POST /echo"
+    assert set(attributes_listed()) <= set(span.attributes)
+    assert "client.port" not in span.attributes
+    assert span.attributes["url.query"] == "verbose=1"
+    assert span.attributes["user_agent.original"] == "claims/1"
+    assert span.attributes["server.port"] == server.port and span.attributes["client.address"] == "127.0.0.1"
+    assert span.attributes["modelserve.request_id"] == "claims-1" == answer.headers["x-request-id"]
+    assert span.attributes["modelserve.api"] == "echo"
+    assert span.status == 0 and "error.type" not in span.attributes
+
+
+def test_a_4xx_leaves_the_server_span_unset_and_a_5xx_is_an_error(server: Any, collector: HeaderReceiver) -> None:
+    refused, refused_trace, _ = traced(server, content=b"{not json", headers={"Content-Type": "application/json"})
+    failed, failed_trace, _ = traced(server, json={"fail": True})
+    assert (refused.status_code, failed.status_code) == (400, 500)
+    client_error = server_span(collector, refused_trace)
+    assert client_error.attributes["http.response.status_code"] == 400
+    assert client_error.status == 0 and "error.type" not in client_error.attributes
+    server_error = server_span(collector, failed_trace)
+    assert server_error.attributes["http.response.status_code"] == 500
+    assert server_error.status == 2 and server_error.attributes["error.type"] == "500"
+    ((name, event),) = server_error.events
+    assert name == "exception"
+    assert event["exception.type"] == "ValueError" and event["exception.message"] == "no good"
+    assert "ValueError" in event["exception.stacktrace"] and event["modelserve.stage"] == "predict"
+    assert "s3cr3t-local" not in repr(collector.trace(failed_trace))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"traceparent": "00-not-a-trace-01", "tracestate": "vendor=1"},  # malformed: a trace of its own
+        {"X-B3-TraceId": "4bf92f3577b34da6a3ce929d0e0e4736", "X-B3-SpanId": "00f067aa0ba902b7", "X-B3-Sampled": "1"},
+    ],
+    ids=["malformed-traceparent", "b3"],
+)
+def test_only_a_w3c_traceparent_is_continued(server: Any, headers: dict[str, str]) -> None:
+    answer = httpx.post(server.url + "/echo", json={}, headers=headers)
+    assert answer.status_code == 200
+    trace_id, span_id, _ = ids(answer)
+    assert trace_id != "4bf92f3577b34da6a3ce929d0e0e4736" and int(trace_id, 16) and int(span_id, 16)
+    assert "tracestate" not in answer.headers
+    assert "`OTEL_PROPAGATORS` is not followed" in TRACES
+
+
+def test_the_answer_carries_the_callers_tracestate(server: Any, collector: HeaderReceiver) -> None:
+    answer, trace_id, _ = traced(server, json={}, headers={"tracestate": "vendor=abc"})
+    span = server_span(collector, trace_id)
+    assert answer.headers["traceparent"] == f"00-{trace_id}-{span.span_id}-01"
+    assert answer.headers["tracestate"] == "vendor=abc"
+
+
+def test_each_worker_exports_the_spans_it_holds_at_its_shutdown(
+    tmp_path: Path, start_server: Any, receiver: Receiver
+) -> None:
+    variables = {
+        **env(receiver, "workers-claims"),
+        "OTEL_BSP_SCHEDULE_DELAY": "600000",  # no export on the schedule: only the shutdown's
+        "OTEL_RESOURCE_ATTRIBUTES": "service.name=not-this-one",  # OTEL_SERVICE_NAME wins
+    }
+    server = start_server(write_project(tmp_path, PROJECT), "--workers", "2", env=variables)
+    server.wait_ready(consecutive=5)
+    traces = [ids(httpx.post(server.url + "/echo", json={}))[0] for _ in range(6)]
+    assert server.stop() == 0
+    for trace_id in traces:
+        assert server_span(receiver, trace_id).service == "workers-claims"
+    assert "at its shutdown\nexports those still waiting" in TRACES
