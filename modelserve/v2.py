@@ -21,7 +21,7 @@ import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import orjson
@@ -56,6 +56,9 @@ _PLAIN: dict[np.dtype[Any], str] = {
 _LENGTH = struct.Struct("<I")
 #: The most dimensions a tensor may have (numpy's own limit).
 MAX_RANK = 64
+#: The most characters a tensor's name may have: a name is quoted in the 400s about its tensor, and one of
+#: megabytes made each of them as long (a body of 4 MB answered with 4 MB).
+MAX_NAME = 1024
 #: The most elements a shape's non-zero dimensions may multiply to. A tensor that holds elements is bounded by
 #: the body already (each element takes at least a byte of it); this bounds the shapes of empty tensors
 #: (``[0, 2**40, 2**40]``), which numpy cannot represent beyond about 2**63 bytes.
@@ -131,6 +134,11 @@ def _shape(value: Any, name: str) -> None:
     raise BadRequest(f"input '{name}': 'shape' must be a list of integers >= 0, got {shorten(value)}")
 
 
+def long_name(what: str, name: str) -> NoReturn:
+    """The 400 for a tensor's name over `MAX_NAME` characters, quoting its beginning only."""
+    raise BadRequest(f"{what}'s name has {len(name)} characters, more than {MAX_NAME}: {shorten(name)}")
+
+
 def element_count(name: str, shape: Any, room: int) -> int:
     """The element count of input `name`'s declared `shape`, in Python ints, before any array exists: a 400
     for a shape that is not a list of at most `MAX_RANK` integers >= 0 (booleans are not), that declares more
@@ -197,6 +205,8 @@ def decode_request(body: bytes, header_length: int | None, raw_input: TensorMeta
         name = item.get("name")
         if not isinstance(name, str):
             raise BadRequest(f"an input has no 'name' (a string): {shorten(item)}")
+        if len(name) > MAX_NAME:
+            long_name("an input", name)
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
         datatype = item.get("datatype")
@@ -260,6 +270,8 @@ def _requested_outputs(raw: Any) -> dict[str, bool | None] | None:
         name = item.get("name")
         if not isinstance(name, str):
             raise BadRequest(f"a requested output has no 'name' (a string): {shorten(item)}")
+        if len(name) > MAX_NAME:
+            long_name("a requested output", name)
         params = _object(item.get("parameters") or {}, f"output '{name}': 'parameters'")
         for unsupported in ("shared_memory_region", "classification"):
             if params.get(unsupported):
@@ -303,7 +315,7 @@ def from_json(
         if booleans and booleans_in(data, array):
             raise BadRequest(f"input '{name}': 'data' must be numbers for {datatype}, not true or false")
     elif datatype == "BYTES":
-        array = _strings_from_json(name, data, text)
+        array = _strings_from_json(name, shape, data, text, count)
     elif datatype == "BF16":
         raise BadRequest(f"input '{name}': BF16 tensors travel only as binary data (parameters.binary_data_size)")
     else:
@@ -348,11 +360,13 @@ def _numbers_from_json(name: str, datatype: str, dtype: np.dtype[Any], data: Any
     return raw.astype(dtype, copy=False)
 
 
-def _strings_from_json(name: str, data: Any, text: bool) -> np.ndarray:
+def _strings_from_json(name: str, shape: Sequence[int], data: Any, text: bool, count: int) -> np.ndarray:
     try:
         raw = np.array(data, dtype=object)
     except ValueError as exc:
         raise BadRequest(f"input '{name}': 'data' is not a list of strings ({_cut(exc)})") from None
+    if raw.size != count:  # before each string is looked at, and encoded: a copy of every one of them
+        raise BadRequest(f"input '{name}': shape {list(shape)} has {count} elements, but 'data' has {raw.size}")
     flat = raw.reshape(-1)
     for i, item in enumerate(flat):
         if not isinstance(item, str):
@@ -391,10 +405,18 @@ def from_binary(
 
 
 def _strings_from_binary(name: str, body: bytes, offset: int, size: int, count: int, text: bool) -> np.ndarray:
+    # Each element takes at least its 4-byte length, and the elements are read no further than the shape's count:
+    # a shape of [1] over 10 MB of short elements made millions of objects (124 MiB) before its 400.
+    if size < 4 * count:
+        raise BadRequest(
+            f"input '{name}': its shape has {count} elements, but {size} bytes of BYTES data hold at most {size // 4}"
+        )
     end = offset + size
     items: list[Any] = []
     unpack = _LENGTH.unpack_from
     while offset < end:
+        if len(items) == count:
+            raise BadRequest(f"input '{name}': its shape has {count} elements, but the BYTES data holds more")
         if offset + 4 > end:
             raise BadRequest(f"input '{name}': BYTES data ends inside an element's 4-byte length")
         (length,) = unpack(body, offset)

@@ -138,11 +138,11 @@ class Signature:
                     return None
             try:
                 array = np.asarray(data, dtype=dtype)
-                # orjson refuses infinities, so only a cast to float32 can overflow (1e39: inf)
-                if datatype == "FP32":
-                    flat = array if array.ndim == 1 else array.reshape(-1)
-                    if not math.isfinite(flat.dot(flat)):
-                        return None
+                # A null is NaN to numpy, and a string that spells "nan", "inf" or 1e999 is read as one, for FP64
+                # as for FP32 (where 1e39 overflows too): `from_json` refuses each, so both are looked at here.
+                flat = array if array.ndim == 1 else array.reshape(-1)
+                if not math.isfinite(flat.dot(flat)):
+                    return None
                 inputs[name] = array.reshape(shape)  # a size that does not fit: ValueError
             except (ValueError, TypeError, OverflowError, RuntimeWarning):  # a warning, where warnings are errors
                 return None

@@ -22,12 +22,14 @@ from modelserve.grpc._proto import grpc_service_pb2 as pb
 from modelserve.v2 import (
     DATATYPES,
     FIXED,
+    MAX_NAME,
     MAX_RANK,
     InferRequest,
     V2Inputs,
     datatype_of,
     element_count,
     from_binary,
+    long_name,
     to_binary,
 )
 from modelserve.v2_signature import Signature
@@ -81,6 +83,8 @@ def decode_infer(request: Any, text: bool, room: int) -> InferRequest:
         name = tensor.name
         if not name:
             raise BadRequest(f"input {index} has no name")
+        if len(name) > MAX_NAME:
+            long_name("an input", name)
         if name in inputs:
             raise BadRequest(f"input '{name}' is given twice")
         if "shared_memory_region" in tensor.parameters:  # as over HTTP: the region is never read
@@ -100,6 +104,8 @@ def decode_infer(request: Any, text: bool, room: int) -> InferRequest:
     if request.outputs:
         outputs = {}
         for wanted in request.outputs:
+            if len(wanted.name) > MAX_NAME:
+                long_name("a requested output", wanted.name)
             for unsupported in ("shared_memory_region", "classification"):
                 if unsupported in wanted.parameters:
                     raise BadRequest(f"output '{wanted.name}': {unsupported} is not supported by modelserve")
