@@ -57,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 #: A 400 lists this many failing fields at most; its ``error_count`` says how many there were.
 MAX_ERRORS = 20
+#: The most characters of a location's key or a message a 400 quotes: a key is the client's (a ``dict[str, int]``
+#: body's), and so is a part of some messages (a discriminated union's tag); 20 keys of 400 KB answered 16 MB.
+QUOTED_MAX = 256
 #: A value with more items than this (its lists' and objects' lengths added up, a str or bytes body's length
 #: over 8) is large: validated in a worker thread, by the fail-fast twin first. Under it, the ordinary
 #: validator's errors() costs at most about a millisecond (about 1 us a field for a few thousand here).
@@ -261,11 +264,15 @@ def _details(exc: Any) -> list[dict[str, Any]]:
 
 def _format(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
-        {"loc": [part if isinstance(part, int) else str(part) for part in error.get("loc", ())],
-         "msg": str(error.get("msg", "")),
+        {"loc": [part if isinstance(part, int) else _quoted(str(part)) for part in error.get("loc", ())],
+         "msg": _quoted(str(error.get("msg", ""))),
          "type": str(error.get("type", ""))}
         for error in errors
     ]  # fmt: skip
+
+
+def _quoted(text: str) -> str:
+    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 3] + "..."
 
 
 def _on_event_loop() -> bool:
