@@ -39,7 +39,11 @@ def loads(body: bytes) -> Any:
     except BadRequest:
         raise
     except Exception as exc:  # msgpack's own errors, and a tag whose data is not what it says
-        raise BadRequest(f"the body is not Truss's msgpack ({type(exc).__name__}: {exc})") from None
+        # Cut short: numpy's and datetime's messages quote the value whole (a dtype or a date of megabytes).
+        reason = str(exc)
+        if len(reason) > 200:
+            reason = reason[:197] + "..."
+        raise BadRequest(f"the body is not Truss's msgpack ({type(exc).__name__}: {reason})") from None
 
 
 def dumps(result: Any) -> bytes:
