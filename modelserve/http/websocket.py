@@ -52,7 +52,9 @@ from modelserve.errors import (
     UserCodeError,
 )
 from modelserve.http._asgi import request_headers
+from modelserve.http.auth import Access
 from modelserve.http.errors import render, send_error
+from modelserve.http.guard import host_count, two_hosts
 from modelserve.http.routing import Route, RouteTable, route_path
 from modelserve.logs import access_writer
 
@@ -89,6 +91,8 @@ def _key_protocol(scope: Scope) -> str | None:
 def check(guard: Guard | None, scope: Scope, path: str) -> Exception | None:
     """Why a handshake is refused (an `HTTPError`), or None: the guard's checks of a request, for a WebSocket."""
     headers = _headers(scope)
+    if len(headers) < len(scope["headers"]) and host_count(scope["headers"]) > 1:  # which one would be checked?
+        return two_hosts()
     origin = headers.get(b"origin")
     host = headers.get(b"host")
     if guard is not None and guard.hosts is not None and not guard.hosts.allows(host):
@@ -96,8 +100,7 @@ def check(guard: Guard | None, scope: Scope, path: str) -> Exception | None:
     if origin is not None and not _same_origin(origin, host):
         if guard is None or guard.cors is None or not guard.cors.allows(origin):
             return Forbidden("a WebSocket from this Origin is not allowed (see cors.allow_origins)")
-    if guard is not None and guard.keys is not None:
-        access = guard.access(path)
+    if guard is not None and guard.keys is not None and (access := guard.access(path)) is not Access.OPEN:
         protocol = _key_protocol(scope)
         authorization = headers.get(b"authorization")
         if protocol is not None and authorization is None:
@@ -133,8 +136,11 @@ async def serve(scope: Scope, receive: Receive, send: Send, table: RouteTable, g
     found = table.match(path)
     get = found[0].handlers.get("GET") if found is not None else None
     endpoint = getattr(getattr(get, "__self__", None), "websocket", None)
+    # The checks come before the 404, as the guard's do for a request: a handshake without a key (or from a
+    # refused Host or Origin) learns nothing of which WebSocket routes exist, a guarded API's included.
+    refused = check(guard, scope, path)
     if endpoint is None:
-        await deny(scope, send, NotFound(f"no WebSocket at {path}"), request_id)
+        await deny(scope, send, refused or NotFound(f"no WebSocket at {path}"), request_id)
         return
     owner = endpoint.__self__
     tracing = owner.tracing
@@ -143,7 +149,6 @@ async def serve(scope: Scope, receive: Receive, send: Send, table: RouteTable, g
         if tracing is not None
         else None
     )
-    refused = check(guard, scope, path)
     if refused is not None:
         await deny(scope, send, refused, request_id)
         if traced is not None:
