@@ -325,6 +325,11 @@ class _Batches(SpanProcessor):
         #: Spans dropped so far: the queue full, or their batch failed to export.
         self.dropped = 0
         self._warned: set[str] = set()
+        #: Where the spans go, for the warning of a failed export: the URL the exporter was given (the SDK's
+        #: exporters keep it, privately), else the variable that names it.
+        inner = exporter.exporter if isinstance(exporter, _EncodedHere) else exporter
+        endpoint = getattr(inner, "_endpoint", None)
+        self.endpoint = endpoint if isinstance(endpoint, str) and endpoint else "OTEL_EXPORTER_OTLP_ENDPOINT"
         self._stopped = False
         self._start()
         os.register_at_fork(after_in_child=self._start)  # a forked worker exports with a thread of its own
@@ -378,10 +383,10 @@ class _Batches(SpanProcessor):
             )
         else:
             logger.warning(
-                "tracing: %d span(s) could not be exported (is the collector at OTEL_EXPORTER_OTLP_ENDPOINT "
-                "up?); spans that cannot be exported are dropped and counted in modelserve_spans_dropped_total, "
-                "and requests go on",
+                "tracing: %d span(s) could not be exported (is the collector at %s up?); spans that cannot be "
+                "exported are dropped and counted in modelserve_spans_dropped_total, and requests go on",
                 count,
+                self.endpoint,
             )
 
     def _work(self) -> None:

@@ -5,17 +5,20 @@ trace is continued from, and the spans a worker of ``--workers N`` still holds a
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import write_project
 from tests.test_readme import page, section
-from tests.tracing.receiver import Receiver, Span, client_span, env
+from tests.tracing.receiver import Receiver, Span, children, client_span, env
 
 TRACES = section(page("observability.md"), "Traces")
 
@@ -26,11 +29,21 @@ PROJECT = {
             handler: {path: model.py}
     """,
     "model.py": """
+        from opentelemetry import trace
+
+        from modelserve import logger
+
+
         class Model:
             def predict(self, inputs):
                 secret_local = "s3cr3t-" + "local"
                 if inputs.get("fail"):
                     raise ValueError("no good")
+                if inputs.get("child"):
+                    with trace.get_tracer(__name__).start_as_current_span("user work") as span:
+                        span.set_attribute("user.step", 1)
+                        logger.info("inside my span")
+                logger.info("predicting")
                 return inputs
     """,
 }
@@ -77,9 +90,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any, c
         "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes,service.version=2.5,deployment.environment=prod",
     }
     del variables["OTEL_SERVICE_NAME"]
-    server = start_server_module(write_project(tmp_path_factory.mktemp("claims"), PROJECT), env=variables)
+    root = write_project(tmp_path_factory.mktemp("claims"), PROJECT)
+    server = start_server_module(root, "--log-format", "json", env=variables)
     server.wait_ready()
     return server
+
+
+def dropped(url: str) -> float:
+    """``modelserve_spans_dropped_total`` of the server at `url`."""
+    families = text_string_to_metric_families(httpx.get(url + "/metrics").text)
+    return sum(s.value for f in families for s in f.samples if s.name == "modelserve_spans_dropped_total")
 
 
 def server_span(receiver: Receiver, trace_id: str) -> Span:
@@ -209,3 +229,43 @@ def test_each_worker_exports_the_spans_it_holds_at_its_shutdown(
     for trace_id in traces:
         assert server_span(receiver, trace_id).service == "workers-claims"
     assert "at its shutdown\nexports those still waiting" in TRACES
+
+
+def log_line(server: Any, message: str, trace_id: str) -> dict[str, Any]:
+    """The JSON log line of `message` written in the trace of `trace_id` (written before the answer was sent)."""
+    lines = [json.loads(line) for line in server.log.splitlines() if line.startswith("{")]
+    (line,) = [line for line in lines if line["message"] == message and line.get("trace_id") == trace_id]
+    return line
+
+
+def test_user_code_s_spans_are_children_of_the_current_one_and_its_log_lines_name_them(
+    server: Any, collector: HeaderReceiver
+) -> None:
+    answer, trace_id, _ = traced(server, json={"child": True})
+    assert answer.status_code == 200
+    span = server_span(collector, trace_id)
+    mine = collector.wait_for(lambda spans: next((s for s in children(spans, span) if s.name == "user work"), None))
+    assert mine.attributes["user.step"] == 1 and mine.service == span.service  # the same exporter and resource
+    assert log_line(server, "predicting", trace_id)["span_id"] == span.span_id
+    assert log_line(server, "inside my span", trace_id)["span_id"] == mine.span_id
+
+
+def test_a_collector_that_is_down_costs_one_warning_that_names_it(tmp_path: Path, start_server: Any) -> None:
+    down = Receiver()
+    down.close()
+    traces_endpoint = down.endpoint + "/v1/traces"
+    variables = {**env(down), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    server = start_server(write_project(tmp_path, PROJECT), "--log-format", "json", env=variables)
+    server.wait_ready()
+    for _ in range(3):
+        assert httpx.post(server.url + "/echo", json={}).status_code == 200
+    deadline = time.monotonic() + 30
+    while not dropped(server.url):
+        assert time.monotonic() < deadline, server.log
+        time.sleep(0.05)
+    assert httpx.post(server.url + "/echo", json={}).status_code == 200
+    server.stop()  # its last spans fail too, at the shutdown
+    lines = [json.loads(line) for line in server.log.splitlines() if line.startswith("{")]
+    (warning,) = [line for line in lines if line["levelname"] != "INFO"]  # the exporter's own lines left out
+    assert warning["levelname"] == "WARNING" and traces_endpoint in warning["message"]
+    assert "modelserve_spans_dropped_total" in warning["message"]
