@@ -466,3 +466,60 @@ def test_every_grpc_method(grpc_port: int, server: Any, root: Path) -> None:
                     else:
                         assert code == grpc.StatusCode.UNAUTHENTICATED, case
     assert calls(root) == before
+
+
+#: A project's lone Truss API also has SageMaker's routes, Truss's ``/v1/models/model`` paths and ``/``.
+LONE = {
+    "modelserve.yaml": """
+        apis:
+          - name: lone
+            truss: config.yaml
+        auth: {api_keys_env: ROUTE_SECURITY_KEYS}
+    """,
+    "config.yaml": "model_name: lone\n",
+    "model/model.py": """
+        class Model:
+            def predict(self, inputs):
+                raise AssertionError("no request in this test reaches the model")
+    """,
+}
+LONE_OPEN = {"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"}
+
+
+def test_every_route_of_a_lone_truss_api_needs_a_key(tmp_path: Path) -> None:
+    write_project(tmp_path, LONE)
+    cwd = os.getcwd()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ROUTE_SECURITY_KEYS", KEY)
+        patch.delenv("MODELSERVE_URL", raising=False)
+        try:
+            app = modelserve.create_app(tmp_path, host="127.0.0.1")
+        finally:
+            os.chdir(cwd)
+    own = {
+        "/",
+        "/ping",
+        "/invocations",
+        "/v1/models/model",
+        "/v1/models/model:predict",
+        "/v1/models/model:predict_binary",
+    }
+    paths = {route.path for route in app.table.routes}
+    assert own <= paths
+
+    async def sweep() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            for route in app.table.routes:
+                path = route.path.replace("{", "").replace("}", "").replace(":path", "")
+                for method in [*route.allowed, "OPTIONS"]:
+                    for headers, query in NOT_A_KEY:
+                        answer = await client.request(method, path + query, headers=headers, content=b"{}")
+                        case = (method, path + query, headers, answer.status_code)
+                        assert (answer.status_code == 401) is (route.path not in LONE_OPEN), case
+                    # The Host check (on: the app knows its loopback bind), on every route but the probes.
+                    answer = await client.request(method, path, headers={"x-api-key": KEY, "host": "evil.example"})
+                    assert (answer.status_code == 400) is (route.path not in LONE_OPEN), (method, path)
+        await app.server.close()
+
+    asyncio.run(sweep())
