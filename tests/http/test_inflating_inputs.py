@@ -233,3 +233,40 @@ def test_a_truss_binary_body_s_400_quotes_its_value_short(server: Server, value:
     assert answer.json()["error"].startswith("the body is not Truss's msgpack")
     assert fragment in answer.json()["error"]
     assert len(answer.content) < 1000
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+
+#: What a JSON float tensor's items may be: numbers of either width, null, and strings numpy reads as numbers.
+ITEMS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(2**63), 2**63 - 1),
+    st.none(),
+    st.sampled_from(["1.5", "nan", "NaN", "inf", "-inf", "Infinity", "1e39", "1e999", "x"]),
+)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(datatype=st.sampled_from(["FP32", "FP64"]), data=st.lists(ITEMS, min_size=1, max_size=6))
+def test_the_fast_path_takes_no_request_the_decoder_refuses(datatype: str, data: list[Any]) -> None:
+    """`Signature.fast_request` answers the same request as `decode_request` and `Signature.check`, or leaves it to
+    them: a request it takes, they take, with the same arrays."""
+    import numpy as np
+
+    from modelserve.errors import BadRequest
+    from modelserve.v2 import TensorMeta, decode_request
+    from modelserve.v2_signature import Signature
+
+    signature = Signature("python", (TensorMeta("x", datatype, (-1,)),), None)
+    body = orjson.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": [len(data)], "data": data}]})
+    fast = signature.fast_request(body)
+    try:
+        general = decode_request(body, None, signature.raw_input, signature.text)
+        signature.check(general)
+    except BadRequest:
+        assert fast is None
+        return
+    if fast is not None:
+        assert np.array_equal(fast.inputs["x"], general.inputs["x"])
+        assert fast.inputs["x"].dtype == general.inputs["x"].dtype
