@@ -69,6 +69,30 @@ def install_hint(extra: str, *, reinstall: bool = False) -> str:
     )
 
 
+#: The extra that installs a package user code may import itself, by its top-level module: a project's own
+#: ``import pydantic`` that fails says what adds it (`missing_module_hint`).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "pydantic": "schema",
+    "onnxruntime": "onnx",
+    "tensorflow": "tensorflow",
+    "redis": "redis",
+    "msgpack": "truss-binary",
+    "huggingface_hub": "truss-cache",
+    "opentelemetry": "tracing",
+    "grpc": "grpc",
+}
+
+
+def missing_module_hint(exc: BaseException) -> str:
+    """What to add to the message of `exc` when it is the failed import of a package one of modelserve's extras
+    installs (``"; the schema extra installs pydantic. Install it with: ..."``), else ``""``."""
+    name = exc.name if isinstance(exc, ModuleNotFoundError) else None  # not a name missing from a module
+    extra = EXTRA_OF_MODULE.get(name or "")  # the package itself: a missing submodule is not the extra's absence
+    if extra is None:
+        return ""
+    return f"; the {extra} extra installs {name}. Install it with: {install_hint(extra)}"
+
+
 class MissingExtraError(LoadError):
     """An optional dependency is not installed; the message says which pip command adds it (`install_hint`)."""
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from dotenv import dotenv_values
 
-from modelserve.errors import LoadError
+from modelserve.errors import LoadError, missing_module_hint
 
 _modules: dict[tuple[Path, str | None], ModuleType] = {}
 #: The working directory before `prepare_environment` first changed it, and the project folder it went to.
@@ -128,7 +128,9 @@ def import_file(root: Path, relative_path: str, instance: str | None = None) -> 
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise LoadError(f"{relative_path}: importing it raised {describe_error(exc)}") from exc
+        raise LoadError(
+            f"{relative_path}: importing it raised {describe_error(exc)}{missing_module_hint(exc)}"
+        ) from exc
     if parent is not None:
         setattr(parent, parts[-1], module)
     _modules[(path, instance)] = module
