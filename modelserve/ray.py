@@ -331,7 +331,7 @@ class Replica:
         )
 
     def __serve_build_asgi_app__(self) -> Any:
-        return self._app
+        return _OneRequestId(self._app)
 
     def check_health(self) -> None:
         """Ray's health check: a replica whose APIs are not all ready is replaced."""
@@ -339,6 +339,47 @@ class Replica:
         if not server.ready:
             states = ", ".join(f"{name}: {api.state}" for name, api in server.apis.items())
             raise RuntimeError(f"modelserve replica not ready ({states})")
+
+
+class _OneRequestId:
+    """The replica's app as Ray's proxy serves it: an answer without the app's own ``X-Request-ID`` of the
+    request's id, since the proxy adds that header to every answer (the id it gave the request, or the client's).
+
+    Both at once reached the client as two equal headers, which most clients join into one value
+    (``"3f2c..., 3f2c..."``). An id the app does not take from the request (the client's was not a sane token, and
+    the app made its own) is left in the answer: it is the one the error body and the logs name.
+    """
+
+    def __init__(self, app: Any) -> None:
+        #: The modelserve app (`create_app`'s), which every scope reaches unchanged.
+        self.app = app
+
+    @property
+    def routes(self) -> Any:
+        """The app's routes: Ray names the route of each request in its own metrics from them."""
+        return self.app.routes
+
+    @property
+    def router(self) -> Any:
+        return self.app.router
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((value for key, value in scope["headers"] if key == b"x-request-id"), None)
+
+        async def send_once(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (key, value)
+                    for key, value in message.get("headers", ())
+                    if (key.lower(), value) != (b"x-request-id", given)
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_once)
 
 
 async def export_metrics(metrics: Metrics, interval: float) -> None:

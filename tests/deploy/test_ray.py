@@ -358,9 +358,9 @@ async def test_a_replica_takes_traffic_once_loaded_and_fails_with_the_load_error
     good = write_project(tmp_path / "good", {"model.py": "class Model:\n    def predict(self, x):\n        return x\n"})
     replica = Replica.__new__(Replica)
     await Replica.__init__(replica, str(good), settings())
-    assert replica.__serve_build_asgi_app__().server.ready
+    assert replica.__serve_build_asgi_app__().app.server.ready
     replica.check_health()
-    await replica.__serve_build_asgi_app__().server.close()
+    await replica.__serve_build_asgi_app__().app.server.close()
 
     bad = write_project(tmp_path / "bad", {"model.py": FAILING})
     with pytest.raises(LoadError, match="failed to load in this replica: .*weights.bin is missing"):
