@@ -33,6 +33,8 @@ PROJECT = {
             handler: {path: classes.py, class: Counts}
           - name: binary
             truss: config.yaml
+          - name: text
+            handler: {path: classes.py, class: Text}
     """,
     "classes.py": """
         import numpy as np
@@ -54,6 +56,11 @@ PROJECT = {
         class Counts:
             def predict(self, counts: dict[str, int]) -> int:
                 return sum(counts.values())
+
+
+        class Text:
+            def predict(self, text):
+                return len(text)
     """,
     "config.yaml": "model_name: binary",
     "model/model.py": """
@@ -233,6 +240,28 @@ def test_a_truss_binary_body_s_400_quotes_its_value_short(server: Server, value:
     assert answer.json()["error"].startswith("the body is not Truss's msgpack")
     assert fragment in answer.json()["error"]
     assert len(answer.content) < 1000
+
+
+# ------------------------------------------------------------------------------------------------------------
+# text/plain: a charset whose decoder's time grows with the square of the body
+
+
+@pytest.mark.parametrize("charset", ["punycode", "PunyCode"])
+def test_a_punycode_body_is_refused_before_it_is_decoded(server: Server, charset: str) -> None:
+    """punycode is a text codec to Python, for host names; its decoder took 0.8 s of CPU for these 200 KB, 27 s
+    for 1 MB, and would take most of an hour for a body of 10 MB, in a worker thread that nothing stops."""
+    body = ("\u00e9" * 200_000).encode("punycode")
+    answer = httpx.post(
+        server.url + "/text", content=body, headers={"content-type": f"text/plain; charset={charset}"}, timeout=60
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"] == (
+        f"charset {charset!r} in the Content-Type header is not a charset for a request body"
+    )
+    for other in ("utf-8", "latin-1", "utf-16"):
+        text = "\u00e9t\u00e9" if other != "utf-16" else "\u4e00"
+        headers = {"content-type": f"text/plain; charset={other}"}
+        assert httpx.post(server.url + "/text", content=text.encode(other), headers=headers).json() == len(text)
 
 
 hypothesis = pytest.importorskip("hypothesis")
