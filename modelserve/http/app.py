@@ -38,6 +38,7 @@ from modelserve.errors import ConfigError, ServiceUnavailable
 from modelserve.http import specs, websocket
 from modelserve.http._asgi import request_headers, send_body, send_json
 from modelserve.http.access import logged
+from modelserve.http.auth import named, shown_states
 from modelserve.http.docs import docs_routes
 from modelserve.http.errors import render, send_error
 from modelserve.http.guard import Guard
@@ -60,19 +61,23 @@ class ServerRoutes:
         """200 once every API is ready and the jobs service (of async APIs) has started, in every worker of
         ``--workers N``, else 503 naming the APIs that failed (or else those still loading, or else the jobs store,
         or else how many workers have loaded); either way ``apis`` gives each API's state in the worker that
-        answers: ``loading``, ``ready`` or ``failed``."""
+        answers: ``loading``, ``ready`` or ``failed``. With API keys on, a request without one reads only the
+        names of the APIs that ``auth.apis`` leaves open (`modelserve.http.auth.shown_states`)."""
         request_id = request_headers(scope)[0]
-        states = {name: api.state for name, api in self.server.apis.items()}
+        every = {name: api.state for name, api in self.server.apis.items()}
+        states = shown_states(scope, every)  # with API keys on, a request without one reads no guarded name
         ready, workers = self.server.workers_ready()
         if ready:
             await send_json(send, 200, {"status": "ready", "apis": states}, request_id)
             return
         failed = [name for name, state in states.items() if state == "failed"]
         loading = [name for name, state in states.items() if state == "loading"]
-        if failed:
-            not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}")
-        elif loading:
-            not_ready = ServiceUnavailable(f"loading: {', '.join(loading)}")
+        hidden_failed = sum(state == "failed" for state in every.values()) - len(failed)
+        hidden_loading = sum(state == "loading" for state in every.values()) - len(loading)
+        if failed or hidden_failed:
+            not_ready = ServiceUnavailable(f"failed to load: {named(failed, hidden_failed)}")
+        elif loading or hidden_loading:
+            not_ready = ServiceUnavailable(f"loading: {named(loading, hidden_loading)}")
         elif self.server.jobs_error is not None:  # every API loaded, but the jobs store did not open
             not_ready = ServiceUnavailable(f"failed to start the jobs: {self.server.jobs_error}")
         elif workers:  # this worker has loaded, another of --workers N has not

@@ -27,10 +27,12 @@ from __future__ import annotations
 import enum
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from hashlib import sha256
 from hmac import compare_digest
 from pathlib import Path
+
+from starlette.types import Scope
 
 from modelserve.config import AuthConfig
 from modelserve.errors import ConfigError, Unauthorized
@@ -71,6 +73,32 @@ class Refusal(enum.Enum):
 
 def is_probe(path: str) -> bool:
     return path in PROBES or path.startswith(PROBE_PREFIX)
+
+
+#: The probes whose answers name the APIs (their states), and the scope key the guard tells them in which names
+#: the request may read (`ApiKeys.shown_to`): the names of the APIs that need a key are a guarded API's secret.
+NAMING_PROBES = frozenset({"/readyz", "/v2/health/ready"})
+SHOWN = "modelserve.shown_apis"
+
+
+def _every_name(name: str) -> bool:
+    return True
+
+
+def _no_name(name: str) -> bool:
+    return False
+
+
+def shown_states(scope: Scope, states: dict[str, str]) -> dict[str, str]:
+    """The API states a probe's answer may show this request (`SHOWN`)."""
+    shown = scope.get(SHOWN)
+    return states if shown is None else {name: state for name, state in states.items() if shown(name)}
+
+
+def named(names: list[str], hidden: int) -> str:
+    """`names` for a probe's message, with the count of those it may not show: ``a, b and 2 APIs more``."""
+    more = f"{hidden} API{'s' if hidden > 1 else ''}" + (" more" if names else "")
+    return ", ".join(names) + (" and " if names and hidden else "") + (more if hidden else "")
 
 
 class KeySet:
@@ -165,6 +193,16 @@ class ApiKeys:
         if None in names or names & self.protected_apis or segments & self.protected_apis:
             return Access.API_KEY
         return Access.OPEN
+
+    def shown_to(self, authorization: bytes | None, api_key: bytes | None) -> Callable[[str], bool]:
+        """Which API names a probe may show a request with these headers: every one to a request with an API key
+        (or when no API key is configured), else only those of the APIs ``auth.apis`` leaves open."""
+        if not self.api_keys or self.check(_API_KEY, authorization, api_key) is None:
+            return _every_name
+        protected = self.protected_apis
+        if protected is None:
+            return _no_name
+        return lambda name: name not in protected
 
     def check(self, access: Access, authorization: bytes | None, api_key: bytes | None) -> Refusal | None:
         """None when a request with these headers may go on, else why not."""

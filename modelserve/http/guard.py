@@ -15,7 +15,8 @@ project without ``auth``, ``cors`` and a Host check pays nothing). In order:
    modelserve's transport answers it (`more_than_one_host`, `modelserve.http._protocol`).
 2. **CORS preflight** (`modelserve.http.cors`): answered here, before any key is asked for.
 3. **API key** (`modelserve.http.auth`): 401 with ``WWW-Authenticate: Bearer``, counted in
-   ``modelserve_auth_failures_total{reason="missing"|"invalid"}``.
+   ``modelserve_auth_failures_total{reason="missing"|"invalid"}``. The open probes that name the APIs
+   (``/readyz``, ``/v2/health/ready``) are told which names the request may read (`auth.SHOWN`).
 
 Every answer, the guard's own errors included, goes out through the CORS wrapper, so that a page allowed
 to call reads the 401 or the 503 it got. Measured cost (``benchmarks/asgi_overhead.py``): see
@@ -33,7 +34,7 @@ from modelserve.context import sane_request_id
 from modelserve.errors import BadRequest
 from modelserve.http._asgi import CLOSE, request_headers, without_body
 from modelserve.http.access import answering
-from modelserve.http.auth import Access, ApiKeys, Refusal, is_probe
+from modelserve.http.auth import NAMING_PROBES, SHOWN, Access, ApiKeys, Refusal, is_probe
 from modelserve.http.cors import Cors
 from modelserve.http.errors import send_error
 from modelserve.http.routing import RouteTable, route_path
@@ -193,6 +194,8 @@ class Guard:
                     (self._missing if refused is Refusal.MISSING else self._invalid).inc()
                     await send_error(self._answering(scope, send), refused.error(access), _request_id(headers))
                     return
+            elif path in NAMING_PROBES:  # open, and its answer names the APIs: only those this request may know
+                scope[SHOWN] = self.keys.shown_to(headers.get(b"authorization"), headers.get(b"x-api-key"))
         await self.app(scope, receive, send)
 
     async def _preflight(self, send: Send, headers: dict[bytes, bytes], origin: bytes, method: bytes) -> None:

@@ -49,6 +49,7 @@ from modelserve.errors import (
     UserCodeError,
 )
 from modelserve.http._asgi import read_body, send_json
+from modelserve.http.auth import named, shown_states
 from modelserve.http.errors import send_error
 from modelserve.http.exchange import Exchange, Head, exchange_route, writes_access_line
 from modelserve.http.routing import Route
@@ -498,9 +499,12 @@ class V2Server:
         if ready:
             await send_json(send, 200, {"ready": True}, request_id)
             return
-        states = {name: api.state for name, api in self.server.apis.items()}
+        every = {name: api.state for name, api in self.server.apis.items()}
+        states = shown_states(scope, every)  # with API keys on, a request without one reads no guarded name
         failed = [name for name, state in states.items() if state == "failed"]
-        not_ready = ServiceUnavailable(f"failed to load: {', '.join(failed)}" if failed else workers or "loading")
+        hidden = sum(state == "failed" for state in every.values()) - len(failed)
+        failing = failed or hidden
+        not_ready = ServiceUnavailable(f"failed to load: {named(failed, hidden)}" if failing else workers or "loading")
         not_ready.extra = {"ready": False, "apis": states}
         await send_error(send, not_ready, request_id)
 

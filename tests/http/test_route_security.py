@@ -468,6 +468,80 @@ def test_every_grpc_method(grpc_port: int, server: Any, root: Path) -> None:
     assert calls(root) == before
 
 
+@pytest.mark.parametrize("path", ["/readyz", "/v2/health/ready"])
+def test_the_probes_name_a_guarded_api_only_to_a_request_with_a_key(client: httpx.Client, path: str) -> None:
+    every = {"secret": "ready", "sock": "ready", "open": "ready", "jobs": "ready", "plus": "ready"}
+    if path == "/readyz":
+        for headers in ({"x-api-key": KEY}, {"authorization": f"Bearer {KEY}"}):
+            assert client.get(path, headers=headers).json()["apis"] == every
+    for headers, query in NOT_A_KEY:
+        answer = client.get(path + query, headers=headers)
+        assert answer.status_code == 200
+        assert "secret" not in answer.text and "plus" not in answer.text, (headers, query)
+        if path == "/readyz":
+            assert answer.json()["apis"] == {"open": "ready"}
+
+
+BROKEN = {
+    "modelserve.yaml": """
+        apis:
+          - name: broken
+            handler: {path: model.py, class: Broken}
+          - name: fine
+            handler: {path: model.py, class: Fine}
+        auth: {api_keys_env: ROUTE_SECURITY_KEYS, apis: [broken]}
+    """,
+    "model.py": """
+        class Broken:
+            def __init__(self):
+                raise RuntimeError("cannot load")
+
+            def predict(self, inputs):
+                return inputs
+
+
+        class Fine:
+            def predict(self, inputs):
+                return inputs
+    """,
+}
+
+
+def test_a_failed_guarded_api_is_counted_not_named_without_a_key(tmp_path: Path) -> None:
+    write_project(tmp_path, BROKEN)
+    cwd = os.getcwd()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ROUTE_SECURITY_KEYS", KEY)
+        patch.delenv("MODELSERVE_URL", raising=False)
+        try:
+            app = modelserve.create_app(tmp_path)
+        finally:
+            os.chdir(cwd)
+
+    async def probe() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            deadline = time.monotonic() + 30
+            keyed = {"x-api-key": KEY}
+            while (await client.get("/readyz", headers=keyed)).json()["apis"] != {"broken": "failed", "fine": "ready"}:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            answer = (await client.get("/readyz", headers=keyed)).json()
+            assert answer["error"] == "failed to load: broken"
+            answer = (await client.get("/readyz")).json()
+            assert (answer["error"], answer["apis"]) == ("failed to load: 1 API", {"fine": "ready"})
+            answer = (await client.get("/v2/health/ready", headers=keyed)).json()
+            assert (answer["error"], answer["apis"]) == (
+                "failed to load: broken",
+                {"broken": "failed", "fine": "ready"},
+            )
+            answer = (await client.get("/v2/health/ready")).json()
+            assert (answer["error"], answer["apis"]) == ("failed to load: 1 API", {"fine": "ready"})
+        await app.server.close()
+
+    asyncio.run(probe())
+
+
 #: A project's lone Truss API also has SageMaker's routes, Truss's ``/v1/models/model`` paths and ``/``.
 LONE = {
     "modelserve.yaml": """
