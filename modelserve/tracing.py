@@ -520,6 +520,8 @@ class Tracing:
     def traced_routes(self, table: list[Any]) -> None:
         """Wrap, in place, every route handler of `table` (`modelserve.http.routing.Route`s) that runs an exchange
         (an API's call, a job's route) in its server span."""
+        global _PROPAGATED
+        _PROPAGATED = _propagated_headers()
         for route in table:
             route.handlers = {
                 method: (_TracedRoute if self.spans is None else _LiveRoute)(handler, self, route.path)
@@ -993,9 +995,16 @@ def _answered_send(send: Send, span: LiveSpan) -> Send:
     return traced_send
 
 
+def _propagated_headers() -> frozenset[bytes]:
+    """The request headers that the global propagator reads (``OTEL_PROPAGATORS``, or the embedding program's
+    ``propagate.set_global_textmap``), as ASGI names them; W3C trace context's and baggage where it names none."""
+    fields = getattr(propagate.get_global_textmap(), "fields", None) or ()
+    return frozenset(field.lower().encode("latin-1") for field in fields) or _W3C_HEADERS
+
+
 def _parent(scope: Scope) -> otel_context.Context:
-    """The caller's context from a request's ``traceparent``, ``tracestate`` and ``baggage``; a new trace
-    without them."""
+    """The caller's context from a request's headers that the global propagator reads (`_PROPAGATED`); a new
+    trace without them."""
     carrier = None
     for key, value in scope["headers"]:
         if key in _PROPAGATED:
@@ -1162,5 +1171,8 @@ class WebSocketTrace:
 
 #: ``modelserve.http._asgi.ANSWERING`` (a layer above this one: tests/tracing/test_tracing.py checks they match).
 _ANSWERING = "modelserve.answering"
-#: The request headers a trace is continued from (W3C trace context and baggage).
-_PROPAGATED = frozenset({b"traceparent", b"tracestate", b"baggage"})
+#: The headers of W3C trace context and baggage (the default ``OTEL_PROPAGATORS``, ``tracecontext,baggage``).
+_W3C_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
+#: The request headers a trace is continued from: those the global propagator reads, learned when the routes
+#: are built (`Tracing.traced_routes`).
+_PROPAGATED = _W3C_HEADERS

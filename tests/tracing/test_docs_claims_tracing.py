@@ -6,7 +6,10 @@ trace is continued from, and the spans a worker of ``--workers N`` still holds a
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +19,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import write_project
+from tests.conftest import free_port, write_project
 from tests.test_readme import page, section
 from tests.tracing.receiver import Receiver, Span, children, client_span, env
+from tests.tracing.test_docs import ready
 
 TRACES = section(page("observability.md"), "Traces")
 
@@ -194,17 +198,18 @@ def test_a_4xx_leaves_the_server_span_unset_and_a_5xx_is_an_error(server: Any, c
     "headers",
     [
         {"traceparent": "00-not-a-trace-01", "tracestate": "vendor=1"},  # malformed: a trace of its own
+        # B3's headers, which the default propagators (W3C's) do not read
         {"X-B3-TraceId": "4bf92f3577b34da6a3ce929d0e0e4736", "X-B3-SpanId": "00f067aa0ba902b7", "X-B3-Sampled": "1"},
     ],
     ids=["malformed-traceparent", "b3"],
 )
-def test_only_a_w3c_traceparent_is_continued(server: Any, headers: dict[str, str]) -> None:
+def test_headers_the_propagators_do_not_read_start_a_trace(server: Any, headers: dict[str, str]) -> None:
     answer = httpx.post(server.url + "/echo", json={}, headers=headers)
     assert answer.status_code == 200
     trace_id, span_id, _ = ids(answer)
     assert trace_id != "4bf92f3577b34da6a3ce929d0e0e4736" and int(trace_id, 16) and int(span_id, 16)
     assert "tracestate" not in answer.headers
-    assert "`OTEL_PROPAGATORS` is not followed" in TRACES
+    assert "A caller whose headers the propagators do not read gets a trace of its own" in " ".join(TRACES.split())
 
 
 def test_the_answer_carries_the_callers_tracestate(server: Any, collector: HeaderReceiver) -> None:
@@ -269,3 +274,80 @@ def test_a_collector_that_is_down_costs_one_warning_that_names_it(tmp_path: Path
     (warning,) = [line for line in lines if line["levelname"] != "INFO"]  # the exporter's own lines left out
     assert warning["levelname"] == "WARNING" and traces_endpoint in warning["message"]
     assert "modelserve_spans_dropped_total" in warning["message"]
+
+
+EMBEDDING = """
+import sys
+
+import uvicorn
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import TextMapPropagator, default_getter, default_setter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+import modelserve
+
+
+class OneHeader(TextMapPropagator):
+    # a propagator of another format than W3C's (as B3's or Jaeger's): "x-one-trace: <trace id>:<span id>"
+
+    def extract(self, carrier, context=None, getter=default_getter):
+        values = getter.get(carrier, "x-one-trace")
+        if not values:
+            return context if context is not None else Context()
+        trace_id, span_id = values[0].split(":")
+        caller = SpanContext(int(trace_id, 16), int(span_id, 16), True, TraceFlags(TraceFlags.SAMPLED))
+        return trace.set_span_in_context(NonRecordingSpan(caller), context)
+
+    def inject(self, carrier, context=None, setter=default_setter):
+        span = trace.get_current_span(context).get_span_context()
+        setter.set(carrier, "x-one-trace", f"{span.trace_id:032x}:{span.span_id:016x}")
+
+    @property
+    def fields(self):
+        return {"x-one-trace"}
+
+
+propagate.set_global_textmap(OneHeader())
+
+
+class Echo:
+    def predict(self, inputs):
+        headers = {}
+        propagate.inject(headers)  # what a call to another service would carry
+        return headers
+
+
+app = modelserve.create_app(handler=Echo, name="echo")
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+"""
+
+
+def test_the_trace_is_continued_from_the_headers_of_the_global_propagator(tmp_path: Path, receiver: Receiver) -> None:
+    (tmp_path / "program.py").write_text(EMBEDDING, encoding="utf-8")
+    port = free_port()
+    log = open(tmp_path / "program.log", "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        [sys.executable, str(tmp_path / "program.py"), str(port)],
+        cwd=tmp_path,
+        env={**os.environ, **env(receiver, "embedded")},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not ready(base):
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "program.log").read_text()
+            time.sleep(0.05)
+        trace_id, caller = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        answer = httpx.post(base + "/echo", json={}, headers={"x-one-trace": f"{trace_id}:{caller}"})
+        assert answer.status_code == 200
+        span = server_span(receiver, trace_id)
+        assert span.parent_id == caller and span.service == "embedded"
+        assert answer.json() == {"x-one-trace": f"{trace_id}:{span.span_id}"}  # user code's call carries it on
+        assert answer.headers["traceparent"] == f"00-{trace_id}-{span.span_id}-01"
+    finally:
+        process.terminate()
+        process.wait(30)
+        log.close()
