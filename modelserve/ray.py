@@ -36,15 +36,16 @@ import asyncio
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import click  # uvicorn's dependency; `serve run` is a click command
 
-from modelserve.config import RAY_KEYS, load_project_config
+from modelserve.config import RAY_KEYS, check_origin, load_project_config
 from modelserve.errors import ConfigError, LoadError, MissingExtraError
-from modelserve.jobs import store_kind
+from modelserve.jobs import STORE_CHOICES, store_kind
 from modelserve.metrics import Metrics
 from modelserve.project import caller_dir
 
@@ -56,6 +57,8 @@ DEFAULT_GRACE = 30.0
 METRICS_INTERVAL = 5.0
 #: Families that are not copied: the process's own, which Ray exports for every worker already.
 _NOT_EXPORTED = ("process_", "python_")
+#: Ray Serve's ``max_replicas`` when an ``autoscaling_config`` leaves it out (``AutoscalingConfig``'s default).
+RAY_MAX_REPLICAS = 1
 #: Keys of ``ray_actor_options`` (Ray's own names): what a replica reserves on a node.
 ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env")
 
@@ -114,6 +117,31 @@ def _texts(value: Any) -> list[str]:
     return value
 
 
+def _env_name(value: Any) -> str:
+    """The name of an environment variable, as ``--api-key-env`` takes it."""
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError("the name of an environment variable")
+    return value
+
+
+def _origins(value: Any) -> list[str]:
+    """Origins as ``--cors-origin`` takes them (comma-separated on the command line)."""
+    origins = _texts(value)
+    for origin in origins:
+        try:
+            check_origin(origin)
+        except Exception:  # config's own reason; the argument's message says what is wanted
+            raise ValueError("origins like 'https://app.example.com' (scheme, host, port; no path), or '*'") from None
+    return origins
+
+
+def _store(value: Any) -> str:
+    """A jobs store as ``--jobs-store`` takes it."""
+    if not isinstance(value, str) or store_kind(value) is None:
+        raise ValueError(STORE_CHOICES)
+    return value
+
+
 def _flag(value: Any) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
@@ -127,9 +155,9 @@ def _flag(value: Any) -> bool:
 ARGUMENTS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "project": (_text, "the project folder (relative to the working directory of the process that builds)"),
     "name": (_text, f"the deployment's name (default: {DEFAULT_NAME})"),
-    "jobs_store": (_text, "overrides the project's jobs store (a redis:// URL for several replicas)"),
-    "api_key_env": (_text, "require an API key; the keys are in this environment variable (--api-key-env)"),
-    "cors_origins": (_texts, "origins of web pages allowed to call (--cors-origin)"),
+    "jobs_store": (_store, "overrides the project's jobs store (a redis:// URL for several replicas)"),
+    "api_key_env": (_env_name, "require an API key; the keys are in this environment variable (--api-key-env)"),
+    "cors_origins": (_origins, "origins of web pages allowed to call (--cors-origin)"),
     "docs": (_flag, "serve /docs (default: true)"),
     "graceful_timeout": (_seconds, f"seconds in-flight work gets at shutdown (default: {DEFAULT_GRACE:g})"),
     "metrics_interval_s": (
@@ -172,7 +200,7 @@ class Plan:
         """The most replicas this deployment may run (None: Ray decides, as with ``num_replicas: auto``)."""
         autoscaling = self.options.get("autoscaling_config")
         if autoscaling is not None:
-            most = autoscaling.get("max_replicas")
+            most = autoscaling.get("max_replicas", RAY_MAX_REPLICAS)
             return most if isinstance(most, int) else None
         replicas = self.options.get("num_replicas", 1)
         return replicas if isinstance(replicas, int) else None

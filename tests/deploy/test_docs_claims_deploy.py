@@ -25,7 +25,7 @@ import pytest
 
 from modelserve.config import RAY_KEYS
 from modelserve.errors import EXTRA_OF_MODULE, ConfigError, install_hint
-from modelserve.ray import ARGUMENTS, Replica, plan
+from modelserve.ray import ARGUMENTS, RAY_MAX_REPLICAS, Replica, plan
 from modelserve.runtimes import RUNTIMES
 from tests.conftest import REPO, free_port, write_project
 from tests.deploy.test_ray import _namespaces_work, settings
@@ -90,6 +90,59 @@ def test_what_ray_does_not_serve_is_refused_by_the_builder(tmp_path: Path, argum
         plan({"project": str(project), key: value})
     not_through_ray = flat(section(RAY_PAGE, "### Not through Ray"))
     assert f"--{key.replace('_', '-')}" in not_through_ray
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("jobs_store", "mongo://db/0"), ("api_key_env", "MODEL KEYS"), ("cors_origins", "https://a.example.com/app")],
+)
+def test_the_builder_refuses_what_the_command_line_s_option_refuses(tmp_path: Path, key: str, value: str) -> None:
+    """Before, these reached the replicas, which failed three times each before Ray gave up."""
+    project = write_project(tmp_path / "p", {"model.py": "class Model:\n    def predict(self, x):\n        return x\n"})
+    with pytest.raises(ConfigError, match=re.escape(f"modelserve.ray: argument {key!r}: expected ")):
+        plan({"project": str(project), key: value})
+    assert "`cors_origins` that the command line's option would refuse" in flat(RAY_PAGE)
+
+
+@pytest.mark.anyio
+async def test_a_replica_without_the_api_key_variable_fails_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variable is read where the replica runs: the builder cannot see it; the replica's constructor fails."""
+    monkeypatch.delenv("MODEL_KEYS", raising=False)
+    project = write_project(tmp_path / "p", {"model.py": "class Model:\n    def predict(self, x):\n        return x\n"})
+    assert plan({"project": str(project), "api_key_env": "MODEL_KEYS"}).settings["api_key_env"] == "MODEL_KEYS"
+    with pytest.raises(ConfigError) as failed:
+        await Replica.__init__(Replica.__new__(Replica), str(project), settings(api_key_env="MODEL_KEYS"))
+    assert f"`{failed.value}`" in flat(RAY_PAGE)
+
+
+JOBS = "class Handler:\n    def handle_async(self, payload):\n        return payload\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        ({"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}, False),
+        ({"autoscaling_config": {"min_replicas": 1}}, False),  # Ray's default max_replicas: 1 (refused before)
+        ({"autoscaling_config": {"max_replicas": 2}}, True),
+        ({"num_replicas": "auto"}, True),
+        ({"num_replicas": 1}, False),
+    ],
+)
+def test_a_store_of_one_replica_is_refused_when_more_may_run(
+    tmp_path: Path, args: dict[str, Any], refused: bool
+) -> None:
+    files = {"jobs.py": JOBS, "modelserve.yaml": "apis: [{name: a, kind: async, handler: {path: jobs.py}}]\n"}
+    project = write_project(tmp_path / "p", files)
+    if refused:
+        with pytest.raises(ConfigError, match="cannot share"):
+            plan({"project": str(project), **args})
+    else:
+        plan({"project": str(project), **args})
+    assert "an `autoscaling_config` whose `max_replicas` is above 1; Ray's default is 1), is refused" in flat(RAY_PAGE)
+    ray_serve = pytest.importorskip("ray.serve.config", reason='Ray Serve is the "ray" extra (dev installs it)')
+    assert ray_serve.AutoscalingConfig().max_replicas == RAY_MAX_REPLICAS  # the default the builder assumes
 
 
 BAD_YAML = "apis: [{name: x, handler: {path: m.py}, max_concurrency: 0, bogus: 1}]\n"
