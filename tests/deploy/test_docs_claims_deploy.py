@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -460,6 +461,22 @@ def test_a_project_s_own_import_of_an_extra_s_package_says_what_adds_it(
         assert "Install it with" not in result.stderr
     else:
         assert f"the {hint} extra installs msgpack. Install it with: {install_hint(hint)}" in result.stderr
+
+
+def test_the_wheel_is_named_as_install_md_says_and_carries_every_extra(tmp_path: Path) -> None:
+    from hatchling.builders.wheel import WheelBuilder
+
+    import modelserve
+
+    wheel = Path(next(WheelBuilder(str(REPO)).build(directory=str(tmp_path))))
+    other_machines = flat(section(INSTALL_PAGE, "## Once published, and on other machines"))
+    shown = re.search(r'pip install "(modelserve-VERSION-py3-none-any\.whl)\[onnx\]"', other_machines)
+    assert shown is not None and f"dist/{shown.group(1)}" in other_machines
+    assert wheel.name == shown.group(1).replace("VERSION", modelserve.__version__)
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        provided = re.findall(r"^Provides-Extra: (.+)$", archive.read(metadata).decode(), flags=re.MULTILINE)
+    assert sorted(provided) == sorted(pyproject()["optional-dependencies"])
 
 
 def test_install_md_names_the_programs_scripts_test_installs() -> None:
