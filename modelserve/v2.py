@@ -599,6 +599,17 @@ def _cut(exc: Exception) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+#: The most names a 400 lists (of inputs, requested outputs); it counts the rest.
+LISTED_MAX = 10
+
+
+def listed(names: Sequence[str]) -> str:
+    """The first `LISTED_MAX` of `names`, quoted, and a count of the others: a request may name any number of
+    tensors (400,000 unknown outputs were a 400 of 4 MB that listed each)."""
+    text = ", ".join(repr(name) for name in names[:LISTED_MAX])
+    return text if len(names) <= LISTED_MAX else f"{text} and {len(names) - LISTED_MAX:,} more"
+
+
 def shorten(value: Any) -> str:
     """`repr(value)`, cut to 80 characters, for an error message."""
     text = repr(value)

@@ -16,7 +16,17 @@ import numpy as np
 import orjson
 
 from modelserve.errors import BadRequest
-from modelserve.v2 import DATATYPES, FIXED, InferRequest, TensorMeta, V2Inputs, bfloat16, datatype_of, shorten
+from modelserve.v2 import (
+    DATATYPES,
+    FIXED,
+    LISTED_MAX,
+    InferRequest,
+    TensorMeta,
+    V2Inputs,
+    bfloat16,
+    datatype_of,
+    shorten,
+)
 
 
 def meta_of(spec: Any) -> TensorMeta | None:
@@ -184,7 +194,10 @@ class Signature:
     def _refuse_names(self, inputs: Mapping[str, np.ndarray]) -> None:
         declared = self.inputs or ()
         names = [meta.name for meta in declared]
-        problems = [f"unknown input '{name}'" for name in inputs if name not in names]
+        unknown = [name for name in inputs if name not in names]
+        problems = [f"unknown input '{name}'" for name in unknown[:LISTED_MAX]]
+        if len(unknown) > LISTED_MAX:  # a request may send any number of them: named, they made a 400 of megabytes
+            problems.append(f"{len(unknown) - LISTED_MAX:,} more unknown inputs")
         problems += [f"missing input '{name}'" for name in names if name not in inputs]
         raise BadRequest(f"{'; '.join(problems)}; the model's inputs are {_listing(declared)}")
 

@@ -55,7 +55,7 @@ from modelserve.http.exchange import Exchange, Head, exchange_route, writes_acce
 from modelserve.http.routing import Route
 from modelserve.pipeline import Pipeline
 from modelserve.server import ModelServer
-from modelserve.v2 import InferRequest, decode_request, encode_response
+from modelserve.v2 import InferRequest, decode_request, encode_response, listed
 from modelserve.v2 import outputs_of as class_outputs
 from modelserve.v2_signature import Signature, declared, meta_of
 
@@ -372,8 +372,7 @@ class V2Model(Exchange):
             missing = [name for name in request.outputs if name not in outputs]
             if missing:
                 raise BadRequest(
-                    f"unknown output {', '.join(repr(n) for n in missing)}; the model returned "
-                    f"{', '.join(repr(n) for n in outputs) or 'no outputs'}"
+                    f"unknown output {listed(missing)}; the model returned {listed(list(outputs)) or 'no outputs'}"
                 )
         return outputs
 

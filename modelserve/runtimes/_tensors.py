@@ -378,7 +378,10 @@ class InputConverter:
         if missing:
             problems.append("missing input " + ", ".join(f"'{name}'" for name in missing))
         if unknown:
-            problems.append("unknown input " + ", ".join(f"'{name}'" for name in unknown))
+            # The body's own keys: any number of them, of any length (a 400 of megabytes named each whole).
+            shown = ", ".join(f"'{name if len(name) <= 80 else name[:77] + '...'}'" for name in unknown[:10])
+            more = f" and {len(unknown) - 10:,} more" if len(unknown) > 10 else ""
+            problems.append(f"unknown input {shown}{more}")
         raise BadRequest(f"{'; '.join(problems)}; the model's inputs are {self.expected()}")
 
     def _convert(self, name: str, value: Any) -> np.ndarray:

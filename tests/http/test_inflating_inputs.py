@@ -21,6 +21,7 @@ import pytest
 from modelserve.schema import MAX_ERRORS
 from modelserve.v2 import MAX_NAME
 from tests.conftest import Server, write_project
+from tests.models import iris_onnx
 
 PROJECT = {
     "modelserve.yaml": """
@@ -35,6 +36,8 @@ PROJECT = {
             truss: config.yaml
           - name: text
             handler: {path: classes.py, class: Text}
+          - name: iris
+            model: {path: iris.onnx}
     """,
     "classes.py": """
         import numpy as np
@@ -74,6 +77,7 @@ PROJECT = {
 @pytest.fixture(scope="module")
 def server(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> Server:
     root = write_project(tmp_path_factory.mktemp("inflating"), PROJECT)
+    iris_onnx(root / "iris.onnx")
     started: Server = start_server_module(root, "--no-access-log")
     started.wait_ready(timeout=90)
     return started
@@ -204,6 +208,48 @@ def test_a_name_of_the_longest_length_is_served(server: Server) -> None:
     answer = httpx.post(server.url + "/v2/models/echo/infer", json={"inputs": [tensor], "outputs": [{"name": name}]})
     assert answer.status_code == 200
     assert [output["name"] for output in answer.json()["outputs"]] == [name]
+
+
+X = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "error"),
+    [
+        (
+            "echo",
+            {"inputs": [X], "outputs": [{"name": f"o{index}"} for index in range(100_000)]},
+            "unknown output 'o0', 'o1', 'o2', 'o3', 'o4', 'o5', 'o6', 'o7', 'o8', 'o9' and 99,990 more; "
+            "the model returned 'x'",
+        ),
+        (
+            "f64",
+            {"inputs": [{**X, "name": f"i{index}"} for index in range(50_000)]},
+            "unknown input 'i0'; unknown input 'i1'; unknown input 'i2'; unknown input 'i3'; unknown input 'i4'; "
+            "unknown input 'i5'; unknown input 'i6'; unknown input 'i7'; unknown input 'i8'; unknown input 'i9'; "
+            "49,990 more unknown inputs; missing input 'x'; the model's inputs are 'x' (FP64 [-1])",
+        ),
+    ],
+)
+def test_a_400_lists_ten_of_the_tensors_a_request_names_and_counts_the_rest(
+    server: Server, api: str, body: Any, error: str
+) -> None:
+    """Each unknown output, and each unknown input of a model that declares its inputs, was named: a body of
+    1.5 MB (100,000 requested outputs) answered a 400 of 1.5 MB."""
+    answer = httpx.post(server.url + f"/v2/models/{api}/infer", json=body, timeout=60)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == error
+
+
+def test_a_model_file_s_400_names_ten_of_the_unknown_keys_short(server: Server) -> None:
+    """A model file's own route takes an object of its inputs by name: each unknown key was named whole."""
+    body = {"k" * 1_000_000: 1, **{f"k{index}": 1 for index in range(50_000)}}
+    answer = httpx.post(server.url + "/iris", json=body, timeout=60)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error.startswith(f"missing input 'input'; unknown input '{'k' * 77}...', 'k0', 'k1', ")
+    assert "'k8' and 49,991 more; the model's inputs are 'input' (float32 [batch, 4])" in error
+    assert len(answer.content) < 1000
 
 
 def test_the_keys_of_a_typed_body_are_quoted_short(server: Server) -> None:
