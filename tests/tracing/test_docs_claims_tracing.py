@@ -5,6 +5,7 @@ trace is continued from, and the spans a worker of ``--workers N`` still holds a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -17,7 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import InvalidStatus
 
 from tests.conftest import free_port, write_project
 from tests.test_readme import page, section
@@ -351,3 +354,34 @@ def test_the_trace_is_continued_from_the_headers_of_the_global_propagator(tmp_pa
         process.terminate()
         process.wait(30)
         log.close()
+
+
+def test_a_refused_websocket_session_has_its_status_code_and_no_error_status(
+    tmp_path: Path, start_server: Any, receiver: Receiver
+) -> None:
+    project = {
+        **PROJECT,
+        "modelserve.yaml": """
+            auth:
+              api_keys_env: CLAIMS_KEYS
+            apis:
+              - name: echo
+                handler: {path: model.py}
+        """,
+    }
+    server = start_server(write_project(tmp_path, project), env={**env(receiver), "CLAIMS_KEYS": "k3y"})
+    server.wait_ready()
+    headers, trace_id, caller = client_span()
+
+    async def refused() -> int:
+        url = server.url.replace("http://", "ws://") + "/echo/ws"
+        with pytest.raises(InvalidStatus) as raised:
+            async with websockets.connect(url, additional_headers=headers):
+                pass
+        return raised.value.response.status_code
+
+    assert asyncio.run(refused()) == 401
+    session = server_span(receiver, trace_id)
+    assert session.name == "GET /echo/ws" and session.parent_id == caller
+    assert session.attributes["http.response.status_code"] == 401
+    assert session.status == 0 and "error.type" not in session.attributes  # a 4xx: the client's error
