@@ -153,7 +153,7 @@ class GrpcServer:
         auth = server.project.auth
         keys = ApiKeys.from_config(auth, server.project.root) if auth is not None else None
         self.servicer = InferenceServicer(server, keys)
-        self.health = Health()
+        self.health = Health(self.servicer.refusal if self.servicer.keys is not None else None, ("", SERVICE))
         server.repository.on_change.append(self.refresh)
         self._grpc: grpc.aio.Server | None = None
         self._watching: asyncio.Task[None] | None = None

@@ -251,6 +251,16 @@ class InferenceServicer:
         if refusal is not None:
             raise refusal.error(Access.API_KEY)
 
+    def refusal(self, context: Any, name: str) -> str | None:
+        """Why the health service may not answer for the model `name` on this call, else None: a model's name needs
+        the key its model needs, and so does a name that is no model's, so that a call without one cannot tell a
+        guarded model from no model (as `ModelReady` cannot)."""
+        try:
+            self._authorize(context, "Health", name)
+        except HTTPError as exc:
+            return exc.message
+        return None
+
     async def _abort(self, context: Any, exc: BaseException, request_id: str) -> None:
         status, body, _ = render(exc, request_id)
         await context.abort(code_of(status), _shown(details(body, status), MAX_DETAILS))

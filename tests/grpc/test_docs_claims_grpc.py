@@ -309,8 +309,11 @@ def test_check_of_an_unknown_name_is_not_found_naming_it(address: str) -> None:
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         with pytest.raises(grpc.RpcError) as error:
-            stub.Check(health_pb2.HealthCheckRequest(service="nothing"))
+            stub.Check(health_pb2.HealthCheckRequest(service="nothing"), metadata=list(KEY.items()))
         assert error.value.code() == grpc.StatusCode.NOT_FOUND and "'nothing'" in error.value.details()
+        with pytest.raises(grpc.RpcError) as error:  # with keys on, a name that is no model's needs one
+            stub.Check(health_pb2.HealthCheckRequest(service="nothing"))
+        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert stub.Check(health_pb2.HealthCheckRequest(service="open")).status == SERVING
         assert stub.Check(health_pb2.HealthCheckRequest(service="later")).status == NOT_SERVING
 
@@ -330,7 +333,8 @@ def test_bytes_that_are_not_a_health_request_are_invalid_argument(address: str, 
 
 def test_watch_of_an_unknown_name_is_service_unknown(address: str) -> None:
     with grpc.insecure_channel(address) as channel:
-        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="nothing"))
+        request = health_pb2.HealthCheckRequest(service="nothing")
+        watch = health_pb2_grpc.HealthStub(channel).Watch(request, metadata=list(KEY.items()))
         assert next(watch).status == SERVICE_UNKNOWN
         watch.cancel()
 

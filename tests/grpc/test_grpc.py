@@ -165,7 +165,7 @@ def test_the_standard_health_service(address: str) -> None:
             answer = stub.Check(health_pb2.HealthCheckRequest(service=service))
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.RpcError) as error:
-            stub.Check(health_pb2.HealthCheckRequest(service="nothing"))
+            stub.Check(health_pb2.HealthCheckRequest(service="nothing"), metadata=list(KEY.items()))
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
 
 

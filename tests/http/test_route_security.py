@@ -542,6 +542,40 @@ def test_a_failed_guarded_api_is_counted_not_named_without_a_key(tmp_path: Path)
     asyncio.run(probe())
 
 
+def test_the_grpc_health_service_names_a_guarded_model_only_to_a_call_with_a_key(grpc_port: int, server: Any) -> None:
+    serving = health_pb2.HealthCheckResponse.SERVING
+    path = "/grpc.health.v1.Health/"
+    request, answer = health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        check = channel.unary_unary(path + "Check", request.SerializeToString, answer.FromString)
+        watch = channel.unary_stream(path + "Watch", request.SerializeToString, answer.FromString)
+
+        def checked(service: str, metadata: list[tuple[str, str]]) -> Any:
+            try:
+                return check(request(service=service), metadata=metadata, timeout=10).status
+            except grpc.RpcError as error:
+                return error.code()
+
+        def watched(service: str, metadata: list[tuple[str, str]]) -> Any:
+            call = watch(request(service=service), metadata=metadata, timeout=10)
+            try:
+                return next(call).status
+            except grpc.RpcError as error:
+                return error.code()
+            finally:
+                call.cancel()
+
+        for ask in (checked, watched):
+            for service in ("", "inference.GRPCInferenceService", "open"):  # the probes' names and an open model's
+                assert ask(service, []) == serving, service
+            for headers, _ in NOT_A_KEY[:9]:
+                for service in ("secret", "plus", "nothing"):
+                    assert ask(service, list(headers.items())) == grpc.StatusCode.UNAUTHENTICATED, (service, headers)
+            for service in ("secret", "plus"):
+                assert ask(service, [("x-api-key", KEY)]) == serving, service
+        assert checked("nothing", [("authorization", f"Bearer {KEY}")]) == grpc.StatusCode.NOT_FOUND
+
+
 #: A project's lone Truss API also has SageMaker's routes, Truss's ``/v1/models/model`` paths and ``/``.
 LONE = {
     "modelserve.yaml": """
