@@ -37,6 +37,7 @@ PROJECT = {
     """,
     "model.py": """
         from opentelemetry import trace
+        from starlette.exceptions import HTTPException
 
         from modelserve import logger
 
@@ -46,6 +47,8 @@ PROJECT = {
                 secret_local = "s3cr3t-" + "local"
                 if inputs.get("fail"):
                     raise ValueError("no good")
+                if inputs.get("status"):  # an answer of user code's choosing
+                    raise HTTPException(inputs["status"], "as you asked")
                 if inputs.get("child"):
                     with trace.get_tracer(__name__).start_as_current_span("user work") as span:
                         span.set_attribute("user.step", 1)
@@ -195,6 +198,16 @@ def test_a_4xx_leaves_the_server_span_unset_and_a_5xx_is_an_error(server: Any, c
     assert event["exception.type"] == "ValueError" and event["exception.message"] == "no good"
     assert "ValueError" in event["exception.stacktrace"] and event["modelserve.stage"] == "predict"
     assert "s3cr3t-local" not in repr(collector.trace(failed_trace))
+
+
+@pytest.mark.parametrize("status", [422, 503])
+def test_a_status_user_code_raises_is_an_error_from_500_on(server: Any, collector: HeaderReceiver, status: int) -> None:
+    answer, trace_id, _ = traced(server, json={"status": status})
+    assert answer.status_code == status
+    span = server_span(collector, trace_id)
+    assert span.attributes["http.response.status_code"] == status
+    assert span.status == (2 if status >= 500 else 0)
+    assert span.attributes.get("error.type") == (str(status) if status >= 500 else None)
 
 
 @pytest.mark.parametrize(
