@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,9 @@ PROJECT = {
         apis:
           - name: echo
             handler: {path: model.py}
+          - name: batched
+            handler: {path: model.py, class: Batched}
+            batching: {max_batch_size: 2, max_wait_ms: 5000}
     """,
     "model.py": """
         from opentelemetry import trace
@@ -55,6 +59,11 @@ PROJECT = {
                         logger.info("inside my span")
                 logger.info("predicting")
                 return inputs
+
+
+        class Batched:
+            def predict(self, batch):
+                return [{"size": len(batch)} for _ in batch]
     """,
 }
 
@@ -398,3 +407,19 @@ def test_a_refused_websocket_session_has_its_status_code_and_no_error_status(
     assert session.name == "GET /echo/ws" and session.parent_id == caller
     assert session.attributes["http.response.status_code"] == 401
     assert session.status == 0 and "error.type" not in session.attributes  # a 4xx: the client's error
+
+
+def test_a_batch_is_sampled_as_a_new_trace(server: Any, collector: HeaderReceiver) -> None:
+    answers: list[tuple[httpx.Response, str, str]] = []
+    threads = [threading.Thread(target=lambda: answers.append(traced(server, "/batched", json={}))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [answer.json() for answer, _, _ in answers] == [{"size": 2}, {"size": 2}]
+    spans = [server_span(collector, trace_id) for _, trace_id, _ in answers]
+    requests = {(span.trace_id, span.span_id) for span in spans}
+    # both requests were kept (their caller's choice); the batch, a new trace, is not (the ratio is 0); it ended
+    # before either request's span, and would have been exported with them
+    assert not [s for s in collector.spans if s.name == "modelserve.batch" and requests & set(s.links)]
+    assert "a tenth of the batches have a span" in " ".join(TRACES.split())
