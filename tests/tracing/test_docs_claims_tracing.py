@@ -95,8 +95,8 @@ def collector() -> Iterator[HeaderReceiver]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any, collector: HeaderReceiver) -> Any:
     """A server whose exporter's settings are each one of the page's variables: the traces endpoint (the
-    general one names a port where nothing listens), headers, a ratio sampler that keeps no new trace, and a
-    resource that names the service."""
+    general one names a port where nothing listens), headers, a ratio sampler that keeps no new trace, a
+    resource that names the service, and an ``OTEL_TRACES_EXPORTER`` that modelserve does not read."""
     down = Receiver()
     down.close()
     variables = {
@@ -107,6 +107,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, start_server_module: Any, c
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0",
         "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes,service.version=2.5,deployment.environment=prod",
+        "OTEL_TRACES_EXPORTER": "console",  # not read: the spans still go to the OTLP collector
     }
     del variables["OTEL_SERVICE_NAME"]
     root = write_project(tmp_path_factory.mktemp("claims"), PROJECT)
@@ -150,6 +151,7 @@ def test_the_traces_endpoint_headers_and_resource_reach_the_collector(server: An
     assert span.resource["service.version"] == "2.5"
     assert span.resource["deployment.environment"] == "prod"
     assert isinstance(span.resource["process.pid"], int)
+    assert "`OTEL_TRACES_EXPORTER` is not read" in TRACES
 
 
 def test_the_ratio_sampler_keeps_no_new_trace_and_follows_the_caller(server: Any, collector: HeaderReceiver) -> None:
