@@ -49,6 +49,9 @@ PROJECT = {
           - name: jobs
             kind: async
             handler: {path: jobs.py, class: Handler}
+          - name: openjobs
+            kind: async
+            handler: {path: jobs.py, class: Open}
           - name: plus
             model: {path: models/plus, version_policy: all}
         auth:
@@ -109,6 +112,11 @@ PROJECT = {
                 while not (HERE / "gate").exists() and time.monotonic() < deadline:
                     time.sleep(0.02)
                 return {"done": payload}
+
+
+        class Open:
+            def handle_async(self, payload):
+                return payload
     """,
 }
 
@@ -122,6 +130,8 @@ ROUTES: dict[str, tuple[str, str]] = {
     "/plus/versions/{version}": (KEYED, "/plus/versions/1"),
     "/jobs": (KEYED, "/jobs"),
     "/jobs/{job_id}": (KEYED, "/jobs/some-job"),
+    "/openjobs": (OPEN, "/openjobs"),
+    "/openjobs/{job_id}": (OPEN, "/openjobs/some-job"),
     "/v1/models": (KEYED, "/v1/models"),
     "/v1/models/{name}": (KEYED, "/v1/models/open"),
     "/v1/chat/completions": (KEYED, "/v1/chat/completions"),
@@ -394,6 +404,9 @@ def test_safe_methods_and_preflights_never_run_submit_cancel_load_or_unload(
                 preflight = {"origin": ORIGIN, "access-control-request-method": request_method}
                 answer = client.request("OPTIONS", path, headers=preflight)
                 assert answer.status_code == 204, (path, answer.text)
+    for method in ("GET", "DELETE"):  # an open API's job routes reach its own jobs only
+        answer = client.request(method, f"/openjobs/{job}")
+        assert answer.status_code == 404 and "no job" in answer.json()["error"], answer.text
     assert (calls(root), job_status(client, job), plus_state(client), inference_counts(client)) == before
     (root / "gate").touch()
     deadline = time.monotonic() + 30
@@ -470,7 +483,7 @@ def test_every_grpc_method(grpc_port: int, server: Any, root: Path) -> None:
 
 @pytest.mark.parametrize("path", ["/readyz", "/v2/health/ready"])
 def test_the_probes_name_a_guarded_api_only_to_a_request_with_a_key(client: httpx.Client, path: str) -> None:
-    every = {"secret": "ready", "sock": "ready", "open": "ready", "jobs": "ready", "plus": "ready"}
+    every = {"secret": "ready", "sock": "ready", "open": "ready", "jobs": "ready", "openjobs": "ready", "plus": "ready"}
     if path == "/readyz":
         for headers in ({"x-api-key": KEY}, {"authorization": f"Bearer {KEY}"}):
             assert client.get(path, headers=headers).json()["apis"] == every
@@ -479,7 +492,7 @@ def test_the_probes_name_a_guarded_api_only_to_a_request_with_a_key(client: http
         assert answer.status_code == 200
         assert "secret" not in answer.text and "plus" not in answer.text, (headers, query)
         if path == "/readyz":
-            assert answer.json()["apis"] == {"open": "ready"}
+            assert answer.json()["apis"] == {"open": "ready", "openjobs": "ready"}
 
 
 BROKEN = {
