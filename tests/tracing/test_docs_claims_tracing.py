@@ -25,7 +25,7 @@ from websockets.exceptions import InvalidStatus
 
 from tests.conftest import free_port, write_project
 from tests.test_readme import page, section
-from tests.tracing.receiver import Receiver, Span, children, client_span, env
+from tests.tracing.receiver import GrpcReceiver, Receiver, Span, children, client_span, env
 from tests.tracing.test_docs import ready
 
 TRACES = section(page("observability.md"), "Traces")
@@ -425,3 +425,26 @@ def test_a_batch_is_sampled_as_a_new_trace(server: Any, collector: HeaderReceive
     # before either request's span, and would have been exported with them
     assert not [s for s in collector.spans if s.name == "modelserve.batch" and requests & set(s.links)]
     assert "a tenth of the batches have a span" in " ".join(TRACES.split())
+
+
+def test_over_grpc_an_endpoint_without_a_scheme_is_a_connection_with_tls(tmp_path: Path, start_server: Any) -> None:
+    plain = GrpcReceiver()  # a collector without TLS
+    try:
+        variables = {
+            **env(plain),
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": plain.endpoint.removeprefix("http://"),
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        }
+        server = start_server(write_project(tmp_path, PROJECT), env=variables)
+        server.wait_ready()
+        answer = httpx.post(server.url + "/echo", json={})
+        assert answer.status_code == 200
+        deadline = time.monotonic() + 30
+        while not dropped(server.url):  # the TLS handshake fails: the spans are dropped, the requests go on
+            assert time.monotonic() < deadline, server.log
+            time.sleep(0.05)
+        assert plain.posts == 0 and not plain.trace(ids(answer)[0])
+        assert "one without a scheme a connection with TLS" in TRACES
+    finally:
+        plain.close()
