@@ -47,7 +47,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from modelserve import context as request_context
-from modelserve.errors import ConfigError, HTTPError, LoadError, UserCodeError, install_hint
+from modelserve.errors import CLIENT_CLOSED, ConfigError, HTTPError, LoadError, UserCodeError, install_hint
 
 try:
     from opentelemetry import context as otel_context
@@ -743,10 +743,11 @@ def _record_error(span: trace.Span, exc: BaseException) -> None:
 def _record_failure(span: trace.Span, exc: HTTPError, server: bool = False) -> None:
     """A call that failed, on its span: user code's failure as an event (`_record_user_error`), a refusal as the
     span's status with its code and message; on a route's `server` span, a refusal of 500 and above only (a
-    4xx leaves a server span's status unset: `_end_server_span`)."""
+    4xx answer leaves a server span's status unset: `_end_server_span`), or a call its client left (499, which
+    no answer tells)."""
     if isinstance(exc, UserCodeError):
         _record_user_error(span, exc)
-    elif exc.status_code >= 500 or not server:
+    elif exc.status_code >= 500 or not server or exc.status_code == CLIENT_CLOSED:
         span.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
 
 
@@ -1089,12 +1090,13 @@ def _trace_headers(context: SpanContext) -> list[tuple[bytes, bytes]]:
 
 
 def _end_server_span(span: trace.Span, status: int, attributes: dict[str, Any] | None = None) -> None:
-    """End a server span with the status of its answer: an error (and ``error.type``) from 500 on; a 4xx leaves
-    the span's status unset, as OpenTelemetry's HTTP conventions say of a server span (the client erred)."""
+    """End a server span with the status of its answer: an error (and ``error.type``) from 500 on, and for a
+    session its client left (499); a 4xx answer leaves the span's status unset, as OpenTelemetry's HTTP
+    conventions say of a server span (the client erred)."""
     attributes = attributes if attributes is not None else {}
     if status:
         attributes["http.response.status_code"] = status
-        if status >= 500:
+        if status >= 500 or status == CLIENT_CLOSED:
             attributes["error.type"] = str(status)
             span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
     if attributes:

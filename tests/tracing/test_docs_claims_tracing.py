@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +39,9 @@ PROJECT = {
           - name: batched
             handler: {path: model.py, class: Batched}
             batching: {max_batch_size: 2, max_wait_ms: 5000}
+          - name: endless
+            handler: {path: model.py, class: Endless}
+            timeout: 0.5
     """,
     "model.py": """
         from opentelemetry import trace
@@ -53,6 +57,12 @@ PROJECT = {
                     raise ValueError("no good")
                 if inputs.get("status"):  # an answer of user code's choosing
                     raise HTTPException(inputs["status"], "as you asked")
+                if inputs.get("started"):  # a long call: says it began, then takes its time
+                    import pathlib
+                    import time
+
+                    pathlib.Path(inputs["started"]).touch()
+                    time.sleep(1)
                 if inputs.get("child"):
                     with trace.get_tracer(__name__).start_as_current_span("user work") as span:
                         span.set_attribute("user.step", 1)
@@ -64,6 +74,15 @@ PROJECT = {
         class Batched:
             def predict(self, batch):
                 return [{"size": len(batch)} for _ in batch]
+
+
+        class Endless:
+            def predict(self, inputs):
+                import time
+
+                while True:
+                    yield {"tick": 1}
+                    time.sleep(0.02)
     """,
 }
 
@@ -209,6 +228,48 @@ def test_a_4xx_leaves_the_server_span_unset_and_a_5xx_is_an_error(server: Any, c
     assert event["exception.type"] == "ValueError" and event["exception.message"] == "no good"
     assert "ValueError" in event["exception.stacktrace"] and event["modelserve.stage"] == "predict"
     assert "s3cr3t-local" not in repr(collector.trace(failed_trace))
+
+
+def test_a_stream_that_timed_out_has_a_cancelled_event_and_an_error_status(
+    server: Any, collector: HeaderReceiver
+) -> None:
+    headers, trace_id, _ = client_span()
+    chunks = b""
+    with httpx.stream("POST", server.url + "/endless", json={}, headers=headers) as answer:
+        assert answer.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):  # the server cuts it at its timeout (docs/streaming.md)
+            for chunk in answer.iter_bytes():
+                chunks += chunk
+    assert b"tick" in chunks
+    span = server_span(collector, trace_id)
+    stream = collector.wait_for(
+        lambda spans: next((s for s in children(spans, span) if s.name == "modelserve.stream"), None)
+    )
+    assert stream.attributes["modelserve.stream.chunks"] >= 1
+    assert [name for name, _ in stream.events] == ["cancelled"]
+    assert stream.events[0][1]["modelserve.reason"] == "timeout"
+    assert stream.status == 2
+
+
+def test_a_call_its_client_left_is_an_error_with_no_status_code(
+    server: Any, collector: HeaderReceiver, tmp_path: Path
+) -> None:
+    headers, trace_id, _ = client_span()
+    started = tmp_path / "started"
+    body = json.dumps({"started": str(started)}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"traceparent: {headers['traceparent']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        deadline = time.monotonic() + 30
+        while not started.exists():  # the call runs: the client leaves now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    span = server_span(collector, trace_id)
+    assert "http.response.status_code" not in span.attributes  # nothing was answered (the access line's 499)
+    assert span.status == 2
 
 
 @pytest.mark.parametrize("status", [422, 503])
