@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,8 @@ class Repository:
         #: Called after a load or an unload (the gRPC health service follows the APIs' readiness).
         self.on_change: list[Callable[[], Awaitable[None]]] = []
         self._busy: dict[str, asyncio.Lock] = {}
+        #: The loads and unloads under way (`_to_the_end`).
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def explicit(self, names: list[str]) -> None:
         """Model control explicit: only the APIs named load at start (every one when `names` is empty)."""
@@ -160,22 +162,53 @@ class Repository:
         """Load (or reload) the API `name`, with `config` (`requested_config`) or else its project's
         configuration; returns once it serves. `LoadError` when it failed to."""
         self._check(name, "load")
-        async with self._busy.setdefault(name, asyncio.Lock()):
-            versions = self.server.versions.get(name)
-            if versions is None:
-                await self._reload(self.server.apis[name], config or self.configs[name])
-            else:
-                await self._load_versions(versions, config or self.configs[name])
-        await self._changed()
+        await self._to_the_end(self._load(name, config or self.configs[name]))
 
     async def unload(self, name: str) -> None:
         """Unload the API `name` (every version): new calls are refused, those in flight finish first."""
         self._check(name, "unload")
+        await self._to_the_end(self._unload(name))
+
+    async def _to_the_end(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a load or an unload to its end even when its caller is cancelled (a gRPC client's deadline
+        passes while the calls in flight drain): cut short, it would leave the API refusing calls without being
+        unloaded, or a new backend loaded and never switched to or freed. A failure nobody waits for is
+        logged."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_failure)
+            raise
+
+    async def _load(self, name: str, config: ApiConfig) -> None:
         async with self._busy.setdefault(name, asyncio.Lock()):
             versions = self.server.versions.get(name)
-            for api in versions.apis.values() if versions is not None else [self.server.apis[name]]:
+            await self._started(versions.apis.values() if versions is not None else [self.server.apis[name]])
+            if versions is None:
+                await self._reload(self.server.apis[name], config)
+            else:
+                await self._load_versions(versions, config)
+        await self._changed()
+
+    async def _unload(self, name: str) -> None:
+        async with self._busy.setdefault(name, asyncio.Lock()):
+            versions = self.server.versions.get(name)
+            apis = list(versions.apis.values()) if versions is not None else [self.server.apis[name]]
+            await self._started(apis)
+            for api in apis:
                 await self._retire(api)
         await self._changed()
+
+    @staticmethod
+    async def _started(apis: Iterable[Api]) -> None:
+        """Wait until the loading the server began at start has ended for each of `apis` (under the API's lock,
+        nothing else loads one): an unload meanwhile was answered, then undone when that load ended; a load
+        meanwhile closed the backend being loaded."""
+        while any(api.state == "loading" for api in apis):
+            await asyncio.sleep(DRAIN_POLL)
 
     async def _reload(self, api: Api, config: ApiConfig) -> None:
         """A new backend of `api` with `config` loaded beside the one serving (if any), then switched to."""
@@ -208,6 +241,13 @@ class Repository:
 
     async def _load_versions(self, versions: Versions, config: ApiConfig) -> None:
         selected = version_configs(config, self.server.project.root)
+        if not selected:  # with no version left, nothing would answer its routes (they answered 500)
+            path = config.model.path if config.model is not None else ""
+            found = sorted(version_folders(self.server.project.root / path))
+            raise LoadError(
+                f"failed to load '{config.name}': its version_policy selects none of the versions {found} in "
+                f"{path!r}; the versions it serves stay"
+            )
         for number, version_config in sorted(selected.items()):
             api = versions.apis.get(number)
             if api is None:
@@ -224,8 +264,8 @@ class Repository:
 
     async def _retire(self, api: Api, routed: bool = True) -> None:
         """Stop `api` taking calls (when it is still `routed` to), let those in flight finish, free its model."""
-        if routed:
-            api.ready = False
+        if routed:  # refused as unloaded from now on (not as loading), and no longer counted by the readiness
+            api.ready, api.state = False, "unloaded"
         await self._drained(api)
         api.ready, api.state = False, "unloaded"
         await api.backend.close()
@@ -239,6 +279,12 @@ class Repository:
     async def _changed(self) -> None:
         for listener in self.on_change:
             await listener()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """A load or an unload whose caller left: its failure has no one else to tell."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("model control, after its caller left: %s", task.exception())
 
 
 #: The fields of Triton's model configuration that a load's ``config`` parameter may set, and what they set:
