@@ -1,7 +1,9 @@
 """docs/observability.md's "Traces" section (up to "What tracing costs") held to a real server that exports
 over OTLP/HTTP to a loopback receiver (`tests.tracing.receiver`): the exporter's variables (the traces
-endpoint, the headers, the sampler, the resource), the server span's attributes and status, the headers a
-trace is continued from, and the spans a worker of ``--workers N`` still holds at its shutdown."""
+endpoint, the headers, the sampler, the resource, a gRPC endpoint's TLS), a collector that is down, the server
+span's attributes and status (4xx, 5xx, a client that left, a stream cut at its timeout, a refused WebSocket),
+user code's spans and log lines, a batch's sampling, the headers a trace is continued from (the global
+propagator's), and the spans a worker of ``--workers N`` still holds at its shutdown."""
 
 from __future__ import annotations
 
