@@ -47,7 +47,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from modelserve import context as request_context
-from modelserve.errors import CLIENT_CLOSED, ConfigError, HTTPError, LoadError, UserCodeError, install_hint
+from modelserve.errors import ConfigError, HTTPError, LoadError, UserCodeError, install_hint
 
 try:
     from opentelemetry import context as otel_context
@@ -545,7 +545,7 @@ class Tracing:
                 try:
                     result = await call(value, ctx, **options)
                 except HTTPError as exc:  # UserCodeError among them
-                    _record_failure(traced, exc, server=True)
+                    _record_failure(traced, exc)
                     raise
                 if traced.recording:  # not sampled: no child of it is either
                     if isinstance(result, Stream):
@@ -563,7 +563,7 @@ class Tracing:
             try:
                 result = await call(value, ctx, **options)
             except HTTPError as exc:  # UserCodeError among them
-                _record_failure(span, exc, server=traced is not None and traced.route)
+                _record_failure(span, exc)
                 raise
             if traced is None or not span.is_recording():  # not sampled: no child of it is either
                 return result
@@ -740,14 +740,12 @@ def _record_error(span: trace.Span, exc: BaseException) -> None:
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
 
 
-def _record_failure(span: trace.Span, exc: HTTPError, server: bool = False) -> None:
-    """A call that failed, on its span: user code's failure as an event (`_record_user_error`), a refusal as the
-    span's status with its code and message; on a route's `server` span, a refusal of 500 and above only (a
-    4xx answer leaves a server span's status unset: `_end_server_span`), or a call its client left (499, which
-    no answer tells)."""
+def _record_failure(span: trace.Span, exc: HTTPError) -> None:
+    """A call that failed, on its span: user code's failure as an event (`_record_user_error`), a refusal (a 4xx
+    among them, and a call its client left, 499) as the span's status with its code and message."""
     if isinstance(exc, UserCodeError):
         _record_user_error(span, exc)
-    elif exc.status_code >= 500 or not server or exc.status_code == CLIENT_CLOSED:
+    else:
         span.set_status(Status(StatusCode.ERROR, f"{exc.status_code}: {exc.message}"))
 
 
@@ -968,7 +966,7 @@ class _LiveRoute(_TracedRoute):
                 status = span.answered
                 if status:
                     attributes["http.response.status_code"] = status
-                    if status >= 500:  # a 4xx is the client's error, not the server's (`_end_server_span`)
+                    if status >= 400:  # a 4xx too (`_end_server_span`)
                         attributes["error.type"] = str(status)
                         span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
                 span.end()
@@ -1090,13 +1088,13 @@ def _trace_headers(context: SpanContext) -> list[tuple[bytes, bytes]]:
 
 
 def _end_server_span(span: trace.Span, status: int, attributes: dict[str, Any] | None = None) -> None:
-    """End a server span with the status of its answer: an error (and ``error.type``) from 500 on, and for a
-    session its client left (499); a 4xx answer leaves the span's status unset, as OpenTelemetry's HTTP
-    conventions say of a server span (the client erred)."""
+    """End a server span with the status of its answer: an error (and ``error.type``) from 400 on. A 4xx too,
+    though OpenTelemetry's HTTP conventions leave a server span's status unset for one: a refused request shows
+    as that request's failure in a trace view (docs/observability.md, "Errors")."""
     attributes = attributes if attributes is not None else {}
     if status:
         attributes["http.response.status_code"] = status
-        if status >= 500 or status == CLIENT_CLOSED:
+        if status >= 400:
             attributes["error.type"] = str(status)
             span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
     if attributes:

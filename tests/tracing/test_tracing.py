@@ -186,11 +186,11 @@ def test_a_user_error_is_a_span_event_without_locals(server: Any, receiver: Rece
     assert "s3cr3t-local" not in repr(receiver.trace(trace_id))
 
 
-def test_a_refused_request_leaves_the_span_status_unset(server: Any, receiver: Receiver) -> None:
+def test_a_refused_request_sets_the_span_status(server: Any, receiver: Receiver) -> None:
     answer = httpx.post(f"{server.url}/stages", content=b"{not json", headers={"Content-Type": "application/json"})
     assert answer.status_code == 400
     span = server_span(receiver, answer.headers["traceparent"].split("-")[1], "/stages")
-    assert span.status == 0 and "error.type" not in span.attributes  # a 4xx: the client's error (HTTP conventions)
+    assert span.status == 2 and span.attributes["error.type"] == "400"  # a 4xx too (docs/observability.md)
     assert span.attributes["http.response.status_code"] == 400
     assert span.attributes["modelserve.request_id"] == answer.headers["x-request-id"]  # refused before its call
 
