@@ -378,7 +378,9 @@ def invalid_body(name: str, detail: list[dict[str, Any]], count: int, complete: 
     """The 400 of a body that does not fit its type: ``error`` names the first fields, ``detail`` lists them
     (``loc``, ``msg``, ``type``), ``error_count`` counts them all (a lower bound when not `complete`)."""
     listing = "; ".join(f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}" for item in detail)
-    if not complete:
+    if not detail:  # a large value a class's own validator refused in too many places to build them (`_refusal`)
+        listing = f"{'' if complete else 'at least '}{count:,} fields fail, too many in this large body to list them"
+    elif not complete:
         listing += f" (at least {count:,} fields fail; the count stopped there, in this large body)"
     elif count > len(detail):
         listing += f" (and {count - len(detail):,} more: {count:,} fields fail)"
