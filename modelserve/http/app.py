@@ -47,6 +47,9 @@ from modelserve.http.streaming import quiet_aborts
 from modelserve.project import caller_dir, prepare_environment
 from modelserve.server import LoadErrorCallback, ModelServer
 
+#: The values of ``MODELSERVE_TRACING`` that leave tracing off (in any case, as YAML reads a boolean).
+_OFF = frozenset({"", "0", "false", "no", "off"})
+
 
 class ServerRoutes:
     """The routes of the server itself: liveness, readiness, metrics."""
@@ -280,7 +283,7 @@ def create_app(
         apply_command_line(project, api_key_env, cors_origins)
         project.docs = project.docs and docs
         server = ModelServer(project, on_load_error=on_load_error, workers=workers)
-        if project.tracing or os.environ.get(TRACING_ENV, "") not in ("", "0", "false"):
+        if project.tracing or os.environ.get(TRACING_ENV, "").strip().lower() not in _OFF:
             from modelserve.tracing import install  # imported only when tracing is on
 
             project.tracing = True

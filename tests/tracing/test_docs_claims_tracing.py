@@ -511,3 +511,16 @@ def test_over_grpc_an_endpoint_without_a_scheme_is_a_connection_with_tls(tmp_pat
         assert "one without a scheme a connection with TLS" in TRACES
     finally:
         plain.close()
+
+
+@pytest.mark.parametrize("value", ["0", "false", "False", "OFF", "no", " "])
+def test_modelserve_tracing_off_values_leave_it_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """`0`, `false`, `no`, `off` in any case, or empty (docs/observability.md, "Turning it on"): `False` and
+    `OFF` turned tracing on before."""
+    import modelserve
+
+    monkeypatch.setenv("MODELSERVE_TRACING", value)
+    root = write_project(tmp_path, {"model.py": "class Model:\n    def predict(self, x):\n        return x\n"})
+    assert modelserve.create_app(str(root)).server.project.tracing is False
