@@ -122,6 +122,10 @@ def _array(value: dict[Any, Any]) -> Any:
     dtype = np.dtype(value[b"type"])
     if dtype.hasobject or dtype.kind == "V" or value.get(b"kind", b"") == b"V":
         raise BadRequest(f"an array of dtype {dtype} cannot be sent (numbers, booleans and strings can)")
+    if not dtype.itemsize:
+        # Strings of no bytes ("S0", "U0", which numpy never gives data): the bytes would not bound the shape, and
+        # a body of 60 bytes was an array of 2**40 items for user code to touch (tolist, astype, a loop).
+        raise BadRequest(f"an array of dtype {dtype} cannot be sent: its items hold no bytes")
     data = value[b"data"]
     if value[b"nd"] is not True:
         return np.frombuffer(data, dtype=dtype, count=1)[0]

@@ -370,3 +370,18 @@ def test_the_fast_path_takes_no_request_the_decoder_refuses(datatype: str, data:
     if fast is not None:
         assert np.array_equal(fast.inputs["x"], general.inputs["x"])
         assert fast.inputs["x"].dtype == general.inputs["x"].dtype
+
+
+@pytest.mark.parametrize("dtype", ["|S0", "<U0", "S"])
+def test_a_truss_binary_array_of_items_without_bytes_is_refused(server: Server, dtype: str) -> None:
+    """The bytes of an array bound its shape (each item takes its dtype's size), except for items of no bytes: a
+    body of 60 bytes was an array of 2**40 empty strings, handed to the model."""
+    msgpack = pytest.importorskip("msgpack")
+    array = {b"nd": True, b"type": dtype, b"kind": b"", b"shape": [2**40], b"data": b""}
+    headers = {"content-type": "application/octet-stream"}
+    answer = httpx.post(server.url + "/v1/models/binary:predict", content=msgpack.packb({"a": array}), headers=headers)
+    assert answer.status_code == 400
+    assert answer.json()["error"].endswith("cannot be sent: its items hold no bytes")
+    array.update({b"type": "|S1", b"shape": [2], b"data": b"ab"})
+    answer = httpx.post(server.url + "/v1/models/binary:predict", content=msgpack.packb({"a": array}), headers=headers)
+    assert msgpack.unpackb(answer.content) == {"keys": ["a"]}
