@@ -109,9 +109,9 @@ def gates() -> Iterator[Gates]:
 
 
 @contextlib.contextmanager
-def serving(root: Path, grpc: bool = False, ready: bool = True) -> Iterator[tuple[str, str, Any]]:
+def serving(root: Path, grpc: bool = False, ready: bool = True, **options: Any) -> Iterator[tuple[str, str, Any]]:
     """The project served with model control explicit (every API loads at start), gRPC beside when asked;
-    yields (HTTP URL, gRPC address, app), once every API is ready when `ready`."""
+    yields (HTTP URL, gRPC address, app), once every API is ready when `ready`. `options`: uvicorn's."""
     import uvicorn
 
     import modelserve
@@ -126,7 +126,7 @@ def serving(root: Path, grpc: bool = False, ready: bool = True) -> Iterator[tupl
         attach(app.server, "127.0.0.1", port)
         address = f"127.0.0.1:{port}"
     http_port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning", lifespan="on", **options)
     with serve_in_thread(config):
         url = f"http://127.0.0.1:{http_port}"
         if ready:
@@ -223,6 +223,20 @@ def test_an_unload_while_the_model_loads_at_start_is_not_undone(project: Path, g
         assert index(url)["gated"] == ("UNAVAILABLE", "unloaded")
         refused = post(url, "/gated")
         assert refused.status_code == 503 and refused.json()["error"].startswith("api 'gated' is unloaded;")
+
+
+def test_an_unload_that_the_shutdown_stops_is_a_503(project: Path, gates: Gates) -> None:
+    with serving(project, timeout_graceful_shutdown=0.2) as (url, _, _app):
+        held, held_answer = in_thread(lambda: post(url, "/gated"))
+        assert gates.entered.wait(PATIENCE)
+        unloading, unload_answer = in_thread(lambda: post(url, "/v2/repository/models/gated/unload"))
+        until(lambda: httpx.get(f"{url}/v2/models/gated/ready").status_code == 503, "the unload did not begin")
+    # the server stopped while the call held the unload: both requests are answered, in JSON (the unload's was a
+    # plain-text 500)
+    held.join(PATIENCE)
+    unloading.join(PATIENCE)
+    for answer in (held_answer[0], unload_answer[0]):
+        assert answer.status_code == 503 and answer.json()["error"] == "the server is shutting down; retry later"
 
 
 def test_a_load_that_finds_no_version_is_refused_and_the_versions_serve_on(tmp_path: Path) -> None:

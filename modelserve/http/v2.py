@@ -27,6 +27,8 @@ ONNX and TensorFlow APIs take the tensors straight to the model, through its ten
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import zlib
 from collections.abc import Callable
@@ -51,7 +53,7 @@ from modelserve.errors import (
 from modelserve.http._asgi import read_body, send_json
 from modelserve.http.auth import named, shown_states
 from modelserve.http.errors import send_error
-from modelserve.http.exchange import Exchange, Head, exchange_route, writes_access_line
+from modelserve.http.exchange import SHUTTING_DOWN, Exchange, Head, exchange_route, writes_access_line
 from modelserve.http.routing import Route
 from modelserve.pipeline import Pipeline
 from modelserve.server import ModelServer
@@ -638,6 +640,11 @@ class V2Repository:
                 await self.repository.load(name, config)
             else:
                 await self.repository.unload(name)
+        except asyncio.CancelledError:  # the server's shutdown, past its grace period (else a plain-text 500)
+            logger.warning("the %s of '%s' was stopped by the server's shutdown (503)", action, name[:60])
+            with contextlib.suppress(Exception):  # the connection may be gone
+                await send_error(send, ServiceUnavailable(SHUTTING_DOWN), request_id)
+            return
         except LoadError as exc:
             await send_error(send, BadRequest(str(exc)), request_id)
             return
