@@ -195,6 +195,12 @@ class Metrics:
         """Register a callback that adds buffered observations to prometheus-client (an API's `ApiMetrics`)."""
         self._flushers.append(flush)
 
+    def remove(self, refresh: Callable[[], None], flush: Callable[[], None]) -> None:
+        """Forget a refresher and a flusher (an API no longer served), once `flush` has run a last time."""
+        flush()
+        self._refreshers = [known for known in self._refreshers if known != refresh]
+        self._flushers = [known for known in self._flushers if known != flush]
+
     def refresh(self) -> None:
         for refresh in self._refreshers:
             refresh()

@@ -252,13 +252,19 @@ class Repository:
             api = versions.apis.get(number)
             if api is None:
                 api = self.server.make_api(version_config)
-                await api.load()  # beside the others: it joins them once ready
+                try:
+                    await api.load()  # beside the others: it joins them once ready
+                except BaseException:
+                    await api.backend.close()
+                    self.server.forget_api(api)
+                    raise
                 versions.apis[number] = api
             elif not api.ready or version_config != api.config:
                 await self._reload(api, version_config)
         for number in [number for number in versions.apis if number not in selected]:
             retired = versions.apis.pop(number)  # no new call reaches it; those in flight finish
             await self._retire(retired, routed=False)
+            self.server.forget_api(retired)
         if selected:
             self.server.apis[config.name] = versions.apis[max(selected)]
 

@@ -102,6 +102,12 @@ class ModelServer:
         self.metrics.add_refresher(api.refresh_gauges)
         return api
 
+    def forget_api(self, api: Api) -> None:
+        """An API of `make_api` that is no longer served (a version a repository load retired, or one that failed
+        to load): its metrics stop holding it, so that it and its model can be freed (each load that added and
+        retired a version kept one more model for good)."""
+        self.metrics.remove(api.refresh_gauges, api.metrics.flush)
+
     def all_apis(self) -> list[Api]:
         """Every API, each served version of a versioned one included."""
         apis = [api for name, api in self.apis.items() if name not in self.versions]

@@ -261,6 +261,33 @@ def test_a_load_that_finds_no_version_is_refused_and_the_versions_serve_on(tmp_p
         assert post(url, "/latest", {"x": [1.0]}).json() == {"y": [4.0]}
 
 
+def test_versions_added_and_retired_again_and_again_are_freed(tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    import gc
+
+    from modelserve.api import Api
+    from tests.http.test_repository import plus_onnx, versioned_project
+
+    def live_apis() -> int:
+        gc.collect()
+        return sum(isinstance(thing, Api) for thing in gc.get_objects())
+
+    root = versioned_project(tmp_path)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+    with serving(root) as (url, _, _app):
+        counts = []
+        for _ in range(6):
+            plus_onnx(root / "models" / "plus" / "4" / "model.onnx", 4.0)
+            assert post(url, "/v2/repository/models/latest/load").status_code == 200
+            assert post(url, "/v2/models/latest/infer", body).json()["outputs"][0]["data"] == [5.0]
+            shutil.rmtree(root / "models" / "plus" / "4")
+            assert post(url, "/v2/repository/models/latest/load").status_code == 200
+            assert post(url, "/v2/models/latest/infer", body).json()["outputs"][0]["data"] == [4.0]
+            counts.append(live_apis())
+        # each cycle made two APIs (version 4, then version 3 again): the retired ones are not kept
+        assert counts[-1] == counts[1], counts
+
+
 def test_an_unload_during_a_stream_lets_it_finish(project: Path, gates: Gates) -> None:
     with serving(project) as (url, _, _app), httpx.Client(timeout=PATIENCE) as client:
         with client.stream("POST", f"{url}/stream", json={}) as streamed:
