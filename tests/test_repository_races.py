@@ -22,10 +22,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port, serve_in_thread, write_project
+from tests.conftest import REPO, free_port, serve_in_thread, write_project
 
 #: Generous bounds that only tell a hang from an answer.
 PATIENCE = 30.0
+#: docs/v2.md, whose model repository section says what these tests hold.
+V2_PAGE = (REPO / "docs" / "v2.md").read_text(encoding="utf-8")
 
 
 class Gates:
@@ -173,6 +175,7 @@ def test_an_unload_refuses_new_calls_as_unloaded_while_one_finishes(project: Pat
         refused = post(url, "/gated")
         assert refused.status_code == 503
         assert refused.json()["error"].startswith("api 'gated' is unloaded;")  # not "is loading; retry later"
+        assert "from the moment it begins" in V2_PAGE and "so the server stays ready" in V2_PAGE
         # the server stays ready: what is being unloaded is not meant to be loaded
         assert httpx.get(f"{url}/readyz").status_code == 200
         assert httpx.get(f"{url}/v2/health/ready").status_code == 200
@@ -237,6 +240,7 @@ def test_an_unload_that_the_shutdown_stops_is_a_503(project: Path, gates: Gates)
     unloading.join(PATIENCE)
     for answer in (held_answer[0], unload_answer[0]):
         assert answer.status_code == 503 and answer.json()["error"] == "the server is shutting down; retry later"
+    assert "answers\n  503 `the server is shutting down; retry later`" in V2_PAGE
 
 
 def test_a_load_that_finds_no_version_is_refused_and_the_versions_serve_on(tmp_path: Path) -> None:
@@ -250,7 +254,8 @@ def test_a_load_that_finds_no_version_is_refused_and_the_versions_serve_on(tmp_p
         folder.mkdir()
         answer = post(url, "/v2/repository/models/latest/load")
         assert answer.status_code == 400
-        assert "selects none of the versions [] in 'models/plus'" in answer.json()["error"]
+        said = "selects none of the versions [] in 'models/plus'; the versions it serves stay"
+        assert said in answer.json()["error"] and said in V2_PAGE
         # what served goes on serving (every call was a plain 500 after such a load)
         assert post(url, "/latest", {"x": [1.0]}).json() == {"y": [4.0]}
         assert httpx.get(f"{url}/v2/models/latest").json()["versions"] == ["3"]
