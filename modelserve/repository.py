@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from modelserve.api import Api
-from modelserve.backends import make_backend
+from modelserve.backends import Backend, make_backend
 from modelserve.config import ApiConfig
 from modelserve.errors import BadRequest, ConfigError, LoadError
 from modelserve.versions import model_in, version_folders
@@ -97,7 +97,7 @@ class Repository:
         #: Called after a load or an unload (the gRPC health service follows the APIs' readiness).
         self.on_change: list[Callable[[], Awaitable[None]]] = []
         self._busy: dict[str, asyncio.Lock] = {}
-        #: The loads and unloads under way (`_to_the_end`).
+        #: The loads and unloads under way (`_to_the_end`), and the backends to free once idle (`_free_when_idle`).
         self._tasks: set[asyncio.Task[None]] = set()
 
     def explicit(self, names: list[str]) -> None:
@@ -234,10 +234,25 @@ class Repository:
         api.config = config
         api.state, api.ready, api.error = "ready", True, None
         logger.info("api '%s' is loaded (model control)", api.name)
-        if was_ready:  # the calls that began on the old backend end there; then it is freed
-            await self._drained(api)
-        if not freed:
+        if was_ready:  # the calls that began on the old backend end there; then it is freed, not waited for
+            self._in_background(self._free_when_idle(api, old))
+        elif not freed:
             await old.close()
+
+    async def _free_when_idle(self, api: Api, old: Backend) -> None:
+        """Close `old`, the backend `api` served with before a load, once no call of `api` runs or waits. The
+        calls of `api` are not told apart by backend, so this waits for a moment when none runs at all: the load
+        that waited for it answered only then, which under steady traffic was never (and held every later load
+        and unload of the API behind it)."""
+        await self._drained(api)
+        await old.close()
+        logger.info("api '%s': the backend it served before the load is closed", api.name)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
 
     async def _load_versions(self, versions: Versions, config: ApiConfig) -> None:
         selected = version_configs(config, self.server.project.root)
@@ -288,9 +303,9 @@ class Repository:
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
-    """A load or an unload whose caller left: its failure has no one else to tell."""
+    """A load or an unload whose caller left, or the freeing of a backend: its failure has no one else to tell."""
     if not task.cancelled() and task.exception() is not None:
-        logger.warning("model control, after its caller left: %s", task.exception())
+        logger.warning("model control, in the background: %s", task.exception())
 
 
 #: The fields of Triton's model configuration that a load's ``config`` parameter may set, and what they set:

@@ -42,6 +42,12 @@ class Gates:
         self.loading = threading.Event()  # a gated load runs
         self.load = threading.Event()  # ... which returns once this is set
         self.fail_load = False
+        #: The calls that name a gate (``{"gate": name}``): (entered, release) events, made by the test.
+        self.named: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+    def gate(self, name: str) -> tuple[threading.Event, threading.Event]:
+        self.named[name] = (threading.Event(), threading.Event())
+        return self.named[name]
 
 
 GATES = Gates()
@@ -73,8 +79,9 @@ PROJECT = {
                     raise RuntimeError("told to fail")
 
             def predict(self, inputs):
-                GATES.entered.set()
-                assert GATES.release.wait(PATIENCE)
+                entered, release = GATES.named.get(inputs.get("gate"), (GATES.entered, GATES.release))
+                entered.set()
+                assert release.wait(PATIENCE)
                 return {"done": True}
     """,
     "quick.py": """
@@ -106,7 +113,8 @@ def gates() -> Iterator[Gates]:
     GATES.reset()  # the same object: a project's model imported it once
     GATES.load.set()  # loads go through unless a test holds them
     yield GATES
-    GATES.release.set()
+    for _, release in [*GATES.named.values(), (None, GATES.release)]:
+        release.set()
     GATES.load.set()  # nothing of a failed test stays held
 
 
@@ -186,6 +194,30 @@ def test_an_unload_refuses_new_calls_as_unloaded_while_one_finishes(project: Pat
         assert held_answer[0].status_code == 200 and held_answer[0].json() == {"done": True}
         assert unload_answer[0].status_code == 200
         assert index(url)["gated"] == ("UNAVAILABLE", "unloaded")
+
+
+def test_a_load_of_a_model_that_serves_answers_once_the_new_one_serves(project: Path, gates: Gates) -> None:
+    with serving(project) as (url, _, app):
+        (old_entered, old_release), (new_entered, new_release) = gates.gate("old"), gates.gate("new")
+        on_old, on_old_answer = in_thread(lambda: post(url, "/gated", {"gate": "old"}))
+        assert old_entered.wait(PATIENCE)
+        old_backend = app.server.apis["gated"].backend
+        loading, load_answer = in_thread(lambda: post(url, "/v2/repository/models/gated/load"))
+        until(lambda: app.server.apis["gated"].backend is not old_backend, "the load did not switch")
+        on_new, on_new_answer = in_thread(lambda: post(url, "/gated", {"gate": "new"}))
+        assert new_entered.wait(PATIENCE)  # a call on the new backend
+        old_release.set()
+        on_old.join(PATIENCE)
+        # the load answers while a call of the new backend runs (it waited until no call at all ran: never,
+        # under steady traffic, and every later load or unload of the API waited behind it)
+        loading.join(PATIENCE)
+        assert not loading.is_alive() and load_answer[0].status_code == 200
+        assert on_new.is_alive()
+        assert "switches once that is ready, and answers" in V2_PAGE
+        new_release.set()
+        on_new.join(PATIENCE)
+        assert on_old_answer[0].json() == on_new_answer[0].json() == {"done": True}
+        assert post(url, "/v2/repository/models/gated/unload").status_code == 200
 
 
 def test_a_load_whose_grpc_caller_gave_up_still_ends(project: Path, gates: Gates) -> None:
