@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelserve.config import BACKENDS
-from modelserve.errors import LoadError
-from modelserve.pipeline import Pipeline
+from modelserve.errors import LoadError, ServiceUnavailable
+from modelserve.pipeline import Pipeline, Stage
 
 if TYPE_CHECKING:
     from modelserve.api_metrics import ApiMetrics
@@ -48,6 +48,27 @@ class Backend:
 
     async def close(self) -> None:
         return None
+
+    def let_go(self, *names: str) -> None:
+        """After `close`: drop the user's instance and every attribute in `names` that calls it or holds what it
+        made (a pipeline's stages are its bound methods). The API, its routes and their caches may keep the
+        backend after a repository unload; a closed backend must not keep the model with it. Its ``pipeline``
+        becomes `closed_pipeline`, which a call that reaches it anyway is refused by (503)."""
+        attributes = vars(self)
+        for name in ("instance", *names):
+            if name in attributes:
+                attributes[name] = None
+        if "pipeline" in attributes:
+            self.pipeline = closed_pipeline(getattr(self, "label", self.kind))
+
+
+def closed_pipeline(label: str) -> Pipeline:
+    """The pipeline of a closed backend: every call is refused as unloaded (503)."""
+
+    async def refuse(value: Any, request: Any) -> Any:
+        raise ServiceUnavailable(f"{label} is unloaded", retry_after=30)
+
+    return Pipeline([Stage("closed", refuse, True)], needs_inputs=False)
 
 
 def make_backend(

@@ -96,3 +96,4 @@ class HandlerClassBackend(Backend):
 
     async def close(self) -> None:
         await _threads.run_sync(self.children.stop)
+        self.let_go()

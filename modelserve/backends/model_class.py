@@ -297,10 +297,15 @@ class ModelClassBackend(Backend):
         ]
 
     async def close(self) -> None:
+        """Stop the API's threads and processes, and let go of the user's instance (`Backend.let_go`): a
+        repository unload frees the model, which its routes' caches of this backend kept alive before."""
         batcher = getattr(self, "batcher", None)
         if batcher is not None:
-            batcher.close()
+            batcher.close()  # and the batch threads
+        elif self.threads is not None:  # started, then load() failed before the batcher was made
+            self.threads.close()
         await _threads.run_sync(self.children.stop)
+        self.let_go("batcher", "threads")
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -356,6 +356,7 @@ class CortexHandlerBackend(Backend):
         if isinstance(self.client, ModelClient):
             self.client.close()
         await _threads.run_sync(self.children.stop)
+        self.let_go("batcher", "client", "module_predict")  # a repository unload frees the handler's model
 
 
 def _class_call(method: Any, wants: set[str], is_async: bool, realtime: bool, post: Any = None) -> Any:

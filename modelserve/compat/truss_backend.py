@@ -180,6 +180,10 @@ class TrussModelClassBackend(ModelClassBackend):
     def _no_predict(self, value: Any, request: Any) -> Any:
         raise NotFound(f"{self.label} serves a WebSocket (/v1/websocket) and has no predict")
 
+    async def close(self) -> None:
+        await super().close()
+        self.entries = {}  # each holds a bound method of the instance (the WebSocket route finds none: 503)
+
     def describe(self) -> dict[str, Any]:
         described = super().describe()
         if self.endpoints:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 import zlib
 from collections.abc import Callable
 from functools import partial
@@ -190,8 +191,9 @@ class V2Model(Exchange):
         self.versions = versions or (lambda: [version])
         self.call = self.call_model
         self._signature: Signature | None = None
-        #: The backend the signature was read from: a repository load switches an API to a new one.
-        self._backend: Any = None
+        #: The backend the signature was read from (a repository load switches an API to a new one), held weakly:
+        #: an unloaded API's model is freed though this route stays.
+        self._backend: Callable[[], Any] = _gone
         #: A model file's tensor entry (`ModelFileBackend.tensors`), once loaded: its tensors go straight to
         #: the model, without the hooks, which were written for another payload than the model's tensors.
         self._tensors: Pipeline | None = None
@@ -203,8 +205,9 @@ class V2Model(Exchange):
 
     def signature(self) -> Signature:
         """The API's metadata, once it has loaded (a model file's tensors are known only then)."""
-        if self._signature is None or self._backend is not self.api.backend:
-            backend = self._backend = self.api.backend
+        if self._signature is None or self._backend() is not self.api.backend:
+            backend = self.api.backend
+            self._backend = weakref.ref(backend)
             self._tensors = self._unread = None
             model = getattr(backend, "model", None)
             if model is not None and self.api.backend.kind == "model_file":
@@ -293,7 +296,7 @@ class V2Model(Exchange):
         it: other requests read after this one (``ctx.crowded``), or a call of the API running; the second is
         marked crowded too, so that the call goes to the thread even if that call ends before it begins."""
         signature = self._signature
-        if signature is None or self._backend is not self.api.backend:
+        if signature is None or self._backend() is not self.api.backend:
             signature = self.signature()
         if self._unread is not None and (ctx.crowded or self.api.limiter.running):
             ctx.crowded = True
@@ -449,6 +452,11 @@ def statistics(api: Api, version: str = "1") -> dict[str, Any]:
         "batch_stats": [],
         "memory_usage": [],
     }
+
+
+def _gone() -> None:
+    """A weak reference's answer once its object is gone (`V2Model` before it first reads a backend)."""
+    return None
 
 
 def _declared_by_class(api: Api) -> tuple[Any, Any]:
