@@ -79,14 +79,24 @@ def code_of(status: int) -> grpc.StatusCode:
     return code
 
 
+#: The longest status message sent: a client refuses trailers past 8-16 KiB (percent-encoded, up to 12 bytes a
+#: character), and would see RESOURCE_EXHAUSTED instead of the status. A stream's ``error_message`` is held to
+#: it too (user code's HTTPException may carry a detail of any size).
+MAX_DETAILS = 512
+
+
+def _shown(text: str, most: int) -> str:
+    """`text` (a name the client sent) cut to `most` characters for a message."""
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def details(body: bytes, status: int) -> str:
-    """The status message of an error body (`render`'s): its ``error``, and for a 500 its request id, which the
-    message tells the caller to look for in the server log (HTTP sends it in the body beside the message)."""
+    """The message of an error body (`render`'s), as a status's details or a stream's ``error_message``: its
+    ``error`` cut to `MAX_DETAILS` characters in all, and for a 500 its request id, kept whole, which the message
+    tells the caller to look for in the server log (HTTP sends it in the body beside the message)."""
     answer = orjson.loads(body)
-    message: str = answer["error"]
-    if status == 500:
-        message = f"{message} (request id {answer['request_id']})"
-    return message
+    told = f" (request id {answer['request_id']})" if status == 500 else ""
+    return _shown(answer["error"], MAX_DETAILS - len("...") - len(told)) + told
 
 
 def _passed_on(exc: HTTPException) -> HTTPError:
@@ -106,14 +116,6 @@ _UNPLANNED: Any = object()
 #: (`modelserve.grpc.server.sized`): this very message, empty, whose name is no model's, so that the usual
 #: request pays nothing to tell it apart (the refusal of its unknown model becomes INVALID_ARGUMENT).
 MALFORMED = pb.ModelInferRequest()
-#: The longest status message sent: a client refuses trailers past 8-16 KiB (percent-encoded, up to 12 bytes a
-#: character), and would see RESOURCE_EXHAUSTED instead of the status.
-MAX_DETAILS = 512
-
-
-def _shown(text: str, most: int) -> str:
-    """`text` (a name the client sent) cut to `most` characters for a message."""
-    return text if len(text) <= most else text[:most] + "..."
 
 
 def _parameter(value: Any) -> Any:
@@ -263,7 +265,7 @@ class InferenceServicer:
 
     async def _abort(self, context: Any, exc: BaseException, request_id: str) -> None:
         status, body, _ = render(exc, request_id)
-        await context.abort(code_of(status), _shown(details(body, status), MAX_DETAILS))
+        await context.abort(code_of(status), details(body, status))
 
     async def _answer(self, context: Any, method: str, api: str | None, make: Callable[[], Any]) -> Any:
         """The answer of a method other than an inference, or its error as a status."""
