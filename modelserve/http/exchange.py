@@ -10,8 +10,9 @@ coroutine, in order:
 1. the headers and the request context (`modelserve.context.current`, which log lines and user code read);
 2. admission before the body: a declared length over ``max_body_size`` is a 413, and the API's line
    (`Api.admit`) refuses a request that could not wait before a byte of its body is read;
-3. the body (`read_body`), decoded inline or, when longer than `DECODE_INLINE_MAX`, in a worker thread;
-   and a Starlette `Request` that replays it, when a stage of the API takes the request;
+3. the body (`read_body`), decoded inline or, when longer than `DECODE_INLINE_MAX`, in a worker thread (where
+   a refused decode's half-decoded values are freed too, `_threads.freed_on_failure`); and a Starlette
+   `Request` that replays it, when a stage of the API takes the request;
 4. the call: `Api.call`, cancelled when the client disconnects (`Disconnected`), counted from the moment
    the transport first saw the request (`ARRIVED`);
 5. a value decoded from a large body freed a piece at a time in a worker thread, never on the loop;
@@ -229,10 +230,12 @@ class Exchange:
                 if pipeline.needs_inputs or self.always_decode:
                     decode = self.decode
                     if len(body) > self.inline_max:
+                        # A refused decode's half-decoded values are freed in the thread too (`freed_on_failure`).
+                        freed_on_failure = _threads.freed_on_failure
                         if decode is None:
-                            value = await _threads.run_sync(decode_payload, head[1], body)
+                            value = await _threads.run_sync(freed_on_failure, decode_payload, head[1], body)
                         else:
-                            value = await _threads.run_sync(decode, body, head, ctx)
+                            value = await _threads.run_sync(freed_on_failure, decode, body, head, ctx)
                     elif decode is None:  # the codecs in line, not behind a hook: a call less (1.5%, as below)
                         value = decode_payload(head[1], body)
                     else:
