@@ -79,6 +79,16 @@ class JSONDecoder(Decoder):
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
 
 
+def loads(body: bytes) -> Any:
+    """``orjson.loads(body)`` (its value, or its `orjson.JSONDecodeError`) as the JSON decoder parses a body: over
+    `LARGE_JSON`, in pieces, off the event loop (`_decode_large`). For a body that is not a request's own (a
+    WebSocket message, the body a shared OpenAI path reads its ``model`` from), given to a worker thread when
+    longer than `DECODE_INLINE_MAX`."""
+    if len(body) > LARGE_JSON and type(body) is bytes:
+        return _decode_large(body)
+    return orjson.loads(body)
+
+
 def _decode_large(body: bytes) -> Any:
     """A large body, in pieces, one body at a time: several threads decoding at once would take turns with the
     GIL, and the event loop would wait for its turn behind each of them. On an event loop's own thread the body

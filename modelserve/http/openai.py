@@ -12,7 +12,8 @@ Model class's ``chat_completions``, ``completions``, ``embeddings``, ``messages`
     GET  /v1/models/<api>         one of them (200 once loaded, else 503: Truss's readiness of a model)
 
 Where several APIs share a path, the body's ``model`` names the API (OpenAI's own routing): the body is read
-(bounded by the largest ``max_body_size`` among them) and handed to that API's exchange. Where one API has the
+(bounded by the largest ``max_body_size`` among them; parsed for its ``model`` in a worker thread when longer
+than ``codecs.DECODE_INLINE_MAX``, as a body is decoded) and handed to that API's exchange. Where one API has the
 path, its exchange reads the body itself, admission first, as every route does.
 
 An ``openai:`` API is a spec of the exchange (`OpenAIEndpoint`): the body is checked against OpenAI's request
@@ -39,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
+from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
-from modelserve.codecs import JSON_TYPE, encode_json
+from modelserve.codecs import DECODE_INLINE_MAX, JSON_TYPE, encode_json, loads
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, ClientDisconnected, NotFound, UserCodeError
 from modelserve.http._asgi import check_length, read_body, request_headers, send_json
@@ -661,7 +663,10 @@ class ByModel:
         try:
             check_length(self.limit, length)
             body = await read_body(receive, self.limit, None)
-            model = _model_of(body)
+            if len(body) > DECODE_INLINE_MAX:  # as the API's own route decodes a body: in a worker thread
+                model = await _threads.run_sync(_threads.freed_on_failure, _model_of, body)
+            else:
+                model = _model_of(body)
             handler = self.handlers.get(model)
             if handler is None:
                 raise ModelNotFound(model, list(self.handlers))
@@ -674,7 +679,7 @@ class ByModel:
 def _model_of(body: bytes) -> str:
     """The ``model`` a request body names (a 400 for a body that cannot name one)."""
     try:
-        value = orjson.loads(body)
+        value = loads(body)
     except orjson.JSONDecodeError as exc:
         raise OpenAIBadRequest(None, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

@@ -17,7 +17,8 @@ response, else closed before it is accepted (a 403).
 A connection is one call of its API through `Api.call`: admitted to its line (or refused with a 503), holding one
 of its ``max_concurrency`` slots while it is open, under its ``timeout``. Each message a client sends is bounded
 by the API's ``max_body_size`` (a larger one closes with 1009; the server's own bound, uvicorn's ``ws_max_size``,
-16 MiB, is met first). Close codes: 1000 when the call ends, 1003 for a Truss API without a websocket method (as
+16 MiB, is met first); a text message longer than ``codecs.DECODE_INLINE_MAX`` is parsed in a worker thread, as
+an HTTP body is. Close codes: 1000 when the call ends, 1003 for a Truss API without a websocket method (as
 Truss), 1011 when user code fails (the reason names no internals; the traceback is in the log with the request
 id), 1013 when the call took longer than the API's timeout. Pings are uvicorn's (``ws_ping_interval``).
 
@@ -38,8 +39,9 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from modelserve import _threads
 from modelserve.api import Api, Stream
-from modelserve.codecs import encode_json
+from modelserve.codecs import DECODE_INLINE_MAX, encode_json, loads
 from modelserve.context import RequestContext, sane_request_id
 from modelserve.errors import (
     BadRequest,
@@ -389,9 +391,11 @@ class ApiWebSocket(_Endpoint):
         traced, session.trace = session.trace, None  # the one message handled: `_Closed`'s reads are not
         session.idle = math.inf  # the call's own bound is the API's timeout; a stream's chunks are sent as made
         text = message.get("text")
-        if text is not None:
+        if text is not None and len(text) > DECODE_INLINE_MAX:  # as an HTTP body: parsed in a worker thread
+            value: Any = await _threads.run_sync(parsed_text, text)
+        elif text is not None:
             try:
-                value: Any = orjson.loads(text)
+                value = orjson.loads(text)
             except orjson.JSONDecodeError:
                 value = text
         else:
@@ -435,6 +439,15 @@ class _Closed:
             message = await self.websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return "disconnect"
+
+
+def parsed_text(text: str) -> Any:
+    """In a worker thread: a long text message's value, as the JSON it holds (parsed in pieces above 1 MiB, as an
+    HTTP body is: `codecs.loads`), else the text itself."""
+    try:
+        return loads(text.encode("utf-8", "surrogatepass"))
+    except orjson.JSONDecodeError:
+        return text
 
 
 async def _send_chunk(websocket: WebSocket, chunk: Any) -> None:
