@@ -22,6 +22,7 @@ from modelserve.api import Api
 from modelserve.backends import Backend, make_backend
 from modelserve.config import ApiConfig
 from modelserve.errors import BadRequest, ConfigError, LoadError
+from modelserve.v2 import shorten
 from modelserve.versions import model_in, version_folders
 
 logger = logging.getLogger("modelserve")
@@ -113,11 +114,11 @@ class Repository:
     def _check(self, name: str, action: str) -> None:
         if self.control != "explicit":
             raise BadRequest(
-                f"failed to {action} '{name}': explicit model {action} is not allowed; start the server with "
+                f"failed to {action} {shorten(name)}: explicit model {action} is not allowed; start the server with "
                 "--model-control explicit"
             )
         if name not in self.configs or self.configs[name].kind != "realtime":
-            raise BadRequest(f"failed to {action} '{name}', failed to poll from model repository")
+            raise BadRequest(f"failed to {action} {shorten(name)}, failed to poll from model repository")
 
     def requested_config(self, action: str, name: str, parameters: Mapping[str, Any]) -> ApiConfig | None:
         """The configuration a load or unload request asks for: None for the project's own, or the project's
@@ -128,7 +129,7 @@ class Repository:
         refused = sorted(key for key in parameters if key not in ("unload_dependents", "config"))
         if refused:
             raise BadRequest(
-                f"failed to {action} '{name}': modelserve takes no {', '.join(repr(k[:60]) for k in refused)} "
+                f"failed to {action} {shorten(name)}: modelserve takes no {', '.join(repr(k[:60]) for k in refused)} "
                 f"parameter in a {action} request (a model's files and configuration are its project's "
                 "modelserve.yaml)"
             )
@@ -136,9 +137,9 @@ class Repository:
         if text is None:
             return None
         if action != "load":
-            raise BadRequest(f"failed to {action} '{name}': the 'config' parameter is taken by a load only")
+            raise BadRequest(f"failed to {action} {shorten(name)}: the 'config' parameter is taken by a load only")
         if not isinstance(text, str):
-            raise BadRequest(f"failed to load '{name}': the 'config' parameter must be a string of JSON")
+            raise BadRequest(f"failed to load {shorten(name)}: the 'config' parameter must be a string of JSON")
         self._check(name, action)
         return overridden(self.configs[name], text)
 

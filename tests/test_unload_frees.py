@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,60 @@ def test_an_unload_frees_the_model_and_a_load_serves_it_again(tmp_path: Path, ki
         again = httpx.post(f"{url}/big", json={"x": 1}, timeout=PATIENCE)
         assert again.status_code == 200 and again.json() == {"held": SIZE}
         assert httpx.post(f"{url}/v2/models/big/infer", json=infer, timeout=PATIENCE).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------
+# a load or unload of a name of kilobytes: the 400 cuts it (`modelserve.v2.shorten`), as other messages do
+
+#: A name no model has, of 5,000 characters (a path segment of an HTTP request or a gRPC string).
+LONG = "m" * 5_000
+
+
+QUICK = {
+    "modelserve.yaml": "apis:\n  - name: quick\n    handler: {path: quick.py}\n",
+    "quick.py": "class Model:\n    def predict(self, inputs):\n        return inputs\n",
+}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    with serving(write_project(tmp_path_factory.mktemp("small"), QUICK), grpc=True) as (url, address, _app):
+        yield url, address
+
+
+def assert_cut(message: str) -> None:
+    assert LONG[:60] in message and LONG not in message, message[:200]
+    assert len(message) < 400, f"a message of {len(message):,} characters"
+
+
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [
+        ("load", {}),  # no model of that name
+        ("unload", {}),
+        ("load", {"parameters": {"file:1/model.onnx": "eA=="}}),  # a parameter refused
+        ("load", {"parameters": {"config": 1}}),  # a config that is no string
+        ("unload", {"parameters": {"config": "{}"}}),  # a config of an unload
+        ("load", {"parameters": []}),  # parameters that are no object
+    ],
+)
+def test_a_long_model_name_is_cut_in_the_repository_s_400(small: tuple[str, str], action: str, body: Any) -> None:
+    url, _ = small
+    answer = post(url, f"/v2/repository/models/{LONG}/{action}", body)
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith(f"failed to {action} 'mmm")
+    assert_cut(answer.json()["error"])
+
+
+@pytest.mark.parametrize("action", ["load", "unload"])
+def test_a_long_model_name_is_cut_over_grpc(small: tuple[str, str], action: str) -> None:
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException
+    client = grpcclient.InferenceServerClient(small[1])
+    try:
+        with pytest.raises(InferenceServerException) as error:
+            getattr(client, f"{action}_model")(LONG)
+    finally:
+        client.close()
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert_cut(error.value.message())

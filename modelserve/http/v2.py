@@ -58,7 +58,7 @@ from modelserve.http.exchange import SHUTTING_DOWN, Exchange, Head, exchange_rou
 from modelserve.http.routing import Route
 from modelserve.pipeline import Pipeline
 from modelserve.server import ModelServer
-from modelserve.v2 import InferRequest, decode_request, encode_response, listed
+from modelserve.v2 import InferRequest, decode_request, encode_response, listed, shorten
 from modelserve.v2 import outputs_of as class_outputs
 from modelserve.v2_signature import Signature, declared, meta_of
 
@@ -642,7 +642,7 @@ class V2Repository:
                 raise NotFound(f"no V2 route at {scope['path']}; POST /v2/repository/models/<model>/load or /unload")
             parameters = _json_object(await read_body(receive, _SMALL_BODY, None)).get("parameters") or {}
             if not isinstance(parameters, dict):
-                raise BadRequest(f"failed to {action} '{name}': 'parameters' must be a JSON object")
+                raise BadRequest(f"failed to {action} {shorten(name)}: 'parameters' must be a JSON object")
             config = self.repository.requested_config(action, name, parameters)
             if action == "load":
                 await self.repository.load(name, config)
