@@ -272,7 +272,7 @@ def sse_events(body: bytes) -> list[tuple[str, str]]:
     """(event type, data) of each event of a text/event-stream body, parsed as the HTML standard says: a line
     ends at CRLF, LF or CR; a line without a colon is a field of that name (and an unknown one is ignored)."""
     events: list[tuple[str, str]] = []
-    kind, data = "message", []
+    kind, data = "message", list[str]()
     for line in re.split(r"\r\n|\r|\n", body.decode()):
         if not line:
             if data:
@@ -516,9 +516,9 @@ def test_a_stream_that_outlasts_the_timeout_is_ended_at_it(server: Any, project:
     before = counted(server, "timed", 504)
     with connect(server) as sock:
         sock.sendall(post("/timed", b'{"mode": "endless", "tag": "timed-plain"}'))
-        answer = read_to_end(sock)
-    assert answer.startswith(b"HTTP/1.1 200")
-    assert b"\r\n0\n" in answer and not answer.endswith(b"0\r\n\r\n")
+        raw = read_to_end(sock)
+    assert raw.startswith(b"HTTP/1.1 200")
+    assert b"\r\n0\n" in raw and not raw.endswith(b"0\r\n\r\n")
     wait_for_note(project, "timed-plain", "finally")
 
     body = {"mode": "endless", "tag": "timed-sse"}
