@@ -10,6 +10,7 @@ again. Before the fix the closed backend kept the instance (and the V2 route's c
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from collections.abc import Iterator
@@ -209,3 +210,50 @@ def test_a_long_model_name_is_cut_over_grpc(small: tuple[str, str], action: str)
         client.close()
     assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert_cut(error.value.message())
+
+
+TRUSS_WEBSOCKET = {
+    "config.yaml": "model_name: big\n",
+    "model/__init__.py": "",
+    "model/model.py": """
+import numpy as np
+
+from tests.test_unload_frees import LIVE, SIZE
+
+
+class Model:
+    def load(self):
+        self.array = np.ones(SIZE // 8)
+        LIVE.add(self)
+
+    async def websocket(self, websocket):
+        await websocket.send_text(f"{await websocket.receive_text()} {self.array.nbytes}")
+""",
+}
+
+
+def test_an_unload_frees_a_truss_websocket_model(tmp_path: Path) -> None:
+    """Truss's /v1/websocket reaches the model through its own entry (`TrussModelClassBackend.entries`): unloaded,
+    the session is refused (503) and the model is freed; loaded again, it answers."""
+    websockets = pytest.importorskip("websockets")
+    invalid_status = pytest.importorskip("websockets.exceptions").InvalidStatus
+
+    async def exchange(url: str) -> str:
+        async with websockets.connect(url.replace("http://", "ws://") + "/v1/websocket") as websocket:
+            await websocket.send("held")
+            return str(await websocket.recv())
+
+    gc.collect()
+    with serving(write_project(tmp_path / "project", TRUSS_WEBSOCKET)) as (url, _, _app):
+        assert asyncio.run(exchange(url)) == f"held {SIZE}"
+        loaded = resident()
+        assert post(url, "/v2/repository/models/big/unload").status_code == 200
+        freed = loaded - resident()
+        assert freed >= SIZE // 2, f"the unload freed {freed:,} bytes of the {SIZE:,} the model holds"
+        gc.collect()
+        assert len(LIVE) == 0
+        with pytest.raises(invalid_status) as refused:
+            asyncio.run(exchange(url))
+        assert refused.value.response.status_code == 503
+        assert post(url, "/v2/repository/models/big/load").status_code == 200
+        assert asyncio.run(exchange(url)) == f"held {SIZE}"
