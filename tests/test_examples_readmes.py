@@ -2,10 +2,10 @@
 and every curl line of it answers what the README shows, against the example served by its README's command.
 
 Parsed from the READMEs' fenced blocks (tests/test_readme.py's helpers), so that an edit that breaks a command,
-an answer or the install line breaks a test here. Already held elsewhere, and not repeated: examples/iris's
-three POSTs (tests/test_cli.py), the rebuilt ONNX file (tests/runtimes/test_onnx.py), docs/v2.md's snippet
-against examples/iris-onnx (tests/http/test_v2.py), async-sentiment's results under a shorter delay and its
-cancellations (tests/jobs/test_example_async.py).
+an answer or the install line breaks a test here. Held elsewhere too: the POSTs of examples/iris
+(tests/test_cli.py), iris-onnx and iris-tensorflow (tests/runtimes/); docs/v2.md's snippet against
+examples/iris-onnx (tests/http/test_v2.py); async-sentiment's results and cancellations under a shorter delay
+(tests/jobs/test_example_async.py) and its crash walk-through (tests/jobs/test_routes.py's kill -9 tests).
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_a_long_generation_stops_when_its_client_goes(served: Callable[[str], Se
 
 
 # ------------------------------------------------------------------------------------------------
-# async-sentiment: its console blocks, in order (the crash walk-through is tests/jobs/test_routes.py's)
+# async-sentiment: its console blocks up to the crash walk-through, in order
 
 
 def test_the_async_readme_runs_as_shown(tmp_path: Path, start_server: Callable[..., Server]) -> None:
