@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from modelserve._threads import freed_on_failure
 from modelserve.api import Api, Stream, log_user_error
 from modelserve.codecs import BYTES_TYPE, DECODE_INLINE_MAX, JSON_TYPE
 from modelserve.context import RequestContext, sane_request_id
@@ -328,11 +329,13 @@ class V2Model(Exchange):
         thread that `Api.call` gives a crowded call (`busy_call`). The event loop, which decoded and encoded
         every request before, now only reads and writes them, while the thread runs the waiting calls one after
         the other (as the Model class's sync predict does); a 400 for the body comes out of the thread as it
-        would have come out of `decode`. `run`, on the loop, does the same with the entry's own step (for a
-        call that `Api.call` takes on the loop after all)."""
+        would have come out of `decode`, what was decoded before it freed there (`_threads.freed_on_failure`).
+        `run`, on the loop, does the same with the entry's own step (for a call that `Api.call` takes on the
+        loop after all)."""
 
         def whole(unread: _Unread, request: Any, ctx: Any) -> Any:
-            decoded = self._decoded(unread.body, unread.head, ctx, self.signature())
+            # A refused decode's half-decoded tensors are freed here, not on the loop that answers the 400.
+            decoded = freed_on_failure(self._decoded, unread.body, unread.head, ctx, self.signature())
             return self._encoded(tensors_call(decoded.inputs, request, ctx), decoded)
 
         async def step(unread: _Unread, request: Any, ctx: Any) -> Any:
@@ -471,6 +474,12 @@ def _declared_by_class(api: Api) -> tuple[Any, Any]:
         raise LoadError(f"api '{api.name}': {exc}") from None
 
 
+def _no_route(scope: Scope, offered: str) -> NotFound:
+    """The 404 for a path under /v2 that nothing serves, which quotes the path cut (`shorten`: it may be of any
+    length), and says what is served there instead."""
+    return NotFound(f"no V2 route at {shorten(scope['path'])}; {offered}")
+
+
 class V2Server:
     """The server-wide V2 routes: liveness, readiness and the server's metadata."""
 
@@ -489,14 +498,12 @@ class V2Server:
         name, _, tail = scope["path_params"]["rest"].partition("/")
         error: Exception
         if name not in self.apis:
-            error = BadRequest(f"Request for unknown model: '{name}' is not found")
+            error = BadRequest(f"Request for unknown model: {shorten(name)} is not found")
         elif tail.startswith("versions/") and tail.split("/")[1] != "1" and name not in self.server.versions:
             version = tail.split("/")[1]
             error = NotFound(f"Request for unknown model: '{name}' version {version[:40]} is not found")
         else:
-            error = NotFound(
-                f"no V2 route at {scope['path']}; the model '{name}' has metadata, ready, infer, stats and config"
-            )
+            error = _no_route(scope, f"the model '{name}' has metadata, ready, infer, stats and config")
         await send_error(send, error, sane_request_id(_headers(scope)[0]))
 
     async def live(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -582,9 +589,7 @@ class V2Versions:
             return
         handler = {"": model.metadata, "ready": model.ready, "stats": model.stats, "config": model.config}.get(route)
         if handler is None:
-            error = NotFound(
-                f"no V2 route at {scope['path']}; the model '{self.name}' has metadata, ready, infer, stats and config"
-            )
+            error = _no_route(scope, f"the model '{self.name}' has metadata, ready, infer, stats and config")
             await send_error(send, error, sane_request_id(_headers(scope)[0]))
             return
         await handler(scope, receive, send)
@@ -595,7 +600,7 @@ class V2Versions:
         if model is None:
             await self._unknown(scope, send, route)
         elif route != "infer":
-            error = NotFound(f"no V2 route at {scope['path']}; POST the model's /infer")
+            error = _no_route(scope, "POST the model's /infer")
             await send_error(send, error, sane_request_id(_headers(scope)[0]))
         else:
             await model.infer(scope, receive, send)
@@ -639,7 +644,7 @@ class V2Repository:
         name, _, action = scope["path_params"]["tail"].rpartition("/")
         try:
             if action not in ("load", "unload") or not name:
-                raise NotFound(f"no V2 route at {scope['path']}; POST /v2/repository/models/<model>/load or /unload")
+                raise _no_route(scope, "POST /v2/repository/models/<model>/load or /unload")
             parameters = _json_object(await read_body(receive, _SMALL_BODY, None)).get("parameters") or {}
             if not isinstance(parameters, dict):
                 raise BadRequest(f"failed to {action} {shorten(name)}: 'parameters' must be a JSON object")
