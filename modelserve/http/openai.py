@@ -13,8 +13,9 @@ Model class's ``chat_completions``, ``completions``, ``embeddings``, ``messages`
 
 Where several APIs share a path, the body's ``model`` names the API (OpenAI's own routing): the body is read
 (bounded by the largest ``max_body_size`` among them; parsed for its ``model`` in a worker thread when longer
-than ``codecs.DECODE_INLINE_MAX``, as a body is decoded) and handed to that API's exchange. Where one API has the
-path, its exchange reads the body itself, admission first, as every route does.
+than ``codecs.DECODE_INLINE_MAX``, as a body is decoded) and handed to that API's exchange, with its value when
+that API is an ``openai:`` one (`PARSED`: parsed once). Where one API has the path, its exchange reads the body
+itself, admission first, as every route does.
 
 An ``openai:`` API is a spec of the exchange (`OpenAIEndpoint`): the body is checked against OpenAI's request
 schema (`check_request`: wrong types and values a 400 naming the parameter, unknown fields kept, as OpenAI
@@ -33,7 +34,7 @@ from __future__ import annotations
 import base64
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Container
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from modelserve import _threads
 from modelserve.api import Api, Stream, log_user_error
-from modelserve.codecs import DECODE_INLINE_MAX, JSON_TYPE, encode_json, loads
+from modelserve.codecs import DECODE_INLINE_MAX, JSON_TYPE, LARGE_JSON, encode_json, loads
 from modelserve.context import RequestContext
 from modelserve.errors import BadRequest, ClientDisconnected, NotFound, UserCodeError
 from modelserve.http._asgi import check_length, read_body, request_headers, send_json
@@ -69,6 +70,10 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 #: At most this many inputs in one embeddings request, and stop sequences in one request (OpenAI's limits).
 MAX_EMBEDDING_INPUTS = 2048
 MAX_STOP = 4
+#: The scope key of ``[body, value]``: a request's body and its JSON value, as the path that several APIs share
+#: parsed it for its ``model`` (`ByModel`), for the chosen API's `OpenAIEndpoint` to take rather than parse again
+#: (it empties the list; what is left in it once the exchange has answered is freed by `ByModel`).
+PARSED = "modelserve.openai.parsed"
 
 # ------------------------------------------------------------------------------------------------------------
 # OpenAI's error body
@@ -454,14 +459,21 @@ class OpenAIEndpoint(Exchange):
 
     @staticmethod
     def read_head(scope: Scope) -> Head:
+        """The request id and Content-Length, and (``head[3]``) the body as a shared path parsed it (`PARSED`)."""
         request_id, _, length, _ = request_headers(scope)
-        return request_id, "application/json", length, None
+        return request_id, "application/json", length, scope.get(PARSED)
 
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> OpenAIRequest:
-        try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise OpenAIBadRequest(None, f"the request body is not valid JSON: {exc}") from None
+        parsed: list[Any] | None = head[3]
+        if parsed and parsed[0] is body:  # parsed once, by the path that several APIs share; taken, so that
+            value = parsed.pop()  # only the call holds it (and frees it as a value it decoded)
+            parsed.clear()
+        else:
+            try:
+                # in pieces above LARGE_JSON as any body (`codecs.loads`); a short one straight to orjson, as before
+                value = orjson.loads(body) if len(body) <= LARGE_JSON else loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise OpenAIBadRequest(None, f"the request body is not valid JSON: {exc}") from None
         request = check_request(self.kind, value)
         if request.body["model"] != self.name:
             raise ModelNotFound(request.body["model"], [self.name])
@@ -653,6 +665,9 @@ class ByModel:
     def __init__(self, path: str, handlers: dict[str, Handler]) -> None:
         self.path = path
         self.handlers = handlers
+        #: The APIs whose handler here is an `OpenAIEndpoint`, which takes the body's value as parsed here
+        #: (`PARSED`); a Truss method decodes the body by its Content-Type, as its own route does.
+        self.take_parsed: frozenset[str] = frozenset()
         #: The APIs sharing the path, by name (read by the OpenAPI document).
         self.apis: dict[str, Api] = {}
         self.limit = 0
@@ -663,21 +678,35 @@ class ByModel:
         try:
             check_length(self.limit, length)
             body = await read_body(receive, self.limit, None)
+            keep = self.take_parsed
             if len(body) > DECODE_INLINE_MAX:  # as the API's own route decodes a body: in a worker thread
-                model = await _threads.run_sync(_threads.freed_on_failure, _model_of, body)
+                model, value = await _threads.run_sync(_threads.freed_on_failure, _model_of, body, keep)
             else:
-                model = _model_of(body)
+                model, value = _model_of(body, keep)
             handler = self.handlers.get(model)
             if handler is None:
                 raise ModelNotFound(model, list(self.handlers))
         except Exception as exc:
             await send_error(openai_errors(send), exc, request_id)
             return
-        await handler(scope, _replay(body, receive), send)
+        if value is None:
+            await handler(scope, _replay(body, receive), send)
+            return
+        parsed = scope[PARSED] = [body, value]
+        del value  # held by `parsed` until the API's exchange takes it (`OpenAIEndpoint.decode`)
+        try:
+            await handler(scope, _replay(body, receive), send)
+        finally:
+            if parsed:  # refused before its decode (a 503, a 413): freed as the value would have been
+                if len(body) > DECODE_INLINE_MAX:
+                    _threads.submit(parsed.clear)
+                else:
+                    parsed.clear()
 
 
-def _model_of(body: bytes) -> str:
-    """The ``model`` a request body names (a 400 for a body that cannot name one)."""
+def _model_of(body: bytes, keep: Container[str]) -> tuple[str, dict[str, Any] | None]:
+    """The ``model`` a request body names (a 400 for a body that cannot name one), and the body's value when that
+    model is one of `keep` (else None: the value is freed where it was parsed, in a worker thread for a long one)."""
     try:
         value = loads(body)
     except orjson.JSONDecodeError as exc:
@@ -687,7 +716,7 @@ def _model_of(body: bytes) -> str:
     model = value.get("model")
     if not isinstance(model, str):
         raise OpenAIBadRequest("model", f"'model' must be a string, got {_kind(model)}")
-    return model
+    return model, value if model in keep else None
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -732,6 +761,9 @@ def routes(server: ModelServer) -> list[Route]:
             continue
         shared = ByModel(path, {name: handler for name, (_, handler) in owners.items()})
         shared.apis = {name: api for name, (api, _) in owners.items()}
+        shared.take_parsed = frozenset(
+            name for name, (api, _) in owners.items() if api.config.openai and PATHS[api.config.openai] == path
+        )
         shared.limit = max(api.config.max_body_size for api in shared.apis.values())
         table.append(Route(path, {"POST": shared.post}))
     return table
