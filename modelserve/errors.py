@@ -43,6 +43,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def shorten(value: Any) -> str:
+    """`repr(value)`, cut to 80 characters, for an error message (a name or path of any length the client sent)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class ModelserveError(Exception):
     """Base class of every exception modelserve raises on purpose."""
 

@@ -21,8 +21,7 @@ import orjson
 from modelserve.api import Api
 from modelserve.backends import Backend, make_backend
 from modelserve.config import ApiConfig
-from modelserve.errors import BadRequest, ConfigError, LoadError
-from modelserve.v2 import shorten
+from modelserve.errors import BadRequest, ConfigError, LoadError, shorten
 from modelserve.versions import model_in, version_folders
 
 logger = logging.getLogger("modelserve")

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import numpy as np
 import orjson
 
-from modelserve.errors import BadRequest
+from modelserve.errors import BadRequest, shorten
 from modelserve.runtimes._tensors import booleans_in, leaf_types
 
 #: The fixed-size datatypes and their numpy dtypes (little-endian, as the binary extension sends them).
@@ -608,9 +608,3 @@ def listed(names: Sequence[str]) -> str:
     tensors (400,000 unknown outputs were a 400 of 4 MB that listed each)."""
     text = ", ".join(repr(name) for name in names[:LISTED_MAX])
     return text if len(names) <= LISTED_MAX else f"{text} and {len(names) - LISTED_MAX:,} more"
-
-
-def shorten(value: Any) -> str:
-    """`repr(value)`, cut to 80 characters, for an error message."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

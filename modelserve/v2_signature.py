@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from modelserve.errors import BadRequest
+from modelserve.errors import BadRequest, shorten
 from modelserve.v2 import (
     DATATYPES,
     FIXED,
@@ -25,7 +25,6 @@ from modelserve.v2 import (
     V2Inputs,
     bfloat16,
     datatype_of,
-    shorten,
 )
 
 

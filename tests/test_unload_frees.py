@@ -156,7 +156,7 @@ def test_an_unload_frees_the_model_and_a_load_serves_it_again(tmp_path: Path, ki
 
 
 # ------------------------------------------------------------------------------------------------
-# a load or unload of a name of kilobytes: the 400 cuts it (`modelserve.v2.shorten`), as other messages do
+# a load or unload of a name of kilobytes: the 400 cuts it (`modelserve.errors.shorten`), as other messages do
 
 #: A name no model has, of 5,000 characters (a path segment of an HTTP request or a gRPC string).
 LONG = "m" * 5_000

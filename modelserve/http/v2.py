@@ -51,6 +51,7 @@ from modelserve.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
     UserCodeError,
+    shorten,
 )
 from modelserve.http._asgi import read_body, send_json
 from modelserve.http.auth import named, shown_states
@@ -59,7 +60,7 @@ from modelserve.http.exchange import SHUTTING_DOWN, Exchange, Head, exchange_rou
 from modelserve.http.routing import Route
 from modelserve.pipeline import Pipeline
 from modelserve.server import ModelServer
-from modelserve.v2 import InferRequest, decode_request, encode_response, listed, shorten
+from modelserve.v2 import InferRequest, decode_request, encode_response, listed
 from modelserve.v2 import outputs_of as class_outputs
 from modelserve.v2_signature import Signature, declared, meta_of
 
