@@ -72,38 +72,70 @@ class ModelClient:
 
 class PythonClient:
     """Cortex's ``python_client`` / ``model_client``: ``get_model(model_name=None, model_version="latest")``
-    returns what the handler's ``load_model(model_path)`` returned for that model, loaded once at start."""
+    returns what the handler's ``load_model(model_path)`` returned for that model and version.
+
+    A model folder of numbered versions (``linreg/1/``, ``linreg/2/``) is served as Cortex did: ``"latest"`` is
+    the highest version, loaded at start; another version (``model_version="1"``) is loaded by ``load_model`` the
+    first time it is asked for and kept. A version that is not there is a 400 naming those that are."""
 
     def __init__(self, paths: dict[str, str]) -> None:
         self._paths = paths
         self._loaded: dict[str, Any] = {}
+        self._versions: dict[tuple[str, str], Any] = {}
+        self._load_model: Any = None
+        self._label = ""
         self._lock = threading.Lock()
 
     def load_all(self, load_model: Any, label: str) -> None:
+        self._load_model, self._label = load_model, label
         for name, path in self._paths.items():
-            try:
-                self._loaded[name] = load_model(_version_folder(path))
-            except Exception as exc:
-                raise LoadError(f"{label}: load_model({path!r}) raised {describe_error(exc)}") from exc
+            self._loaded[name] = self._load(_version_folder(path), path)
+
+    def _load(self, folder: str, path: str) -> Any:
+        try:
+            return self._load_model(folder)
+        except Exception as exc:
+            raise LoadError(f"{self._label}: load_model({path!r}) raised {describe_error(exc)}") from exc
 
     def get_model(self, model_name: str | None = None, model_version: str = "latest") -> Any:
         if "" in self._loaded:
-            return self._loaded[""]
-        if model_name is None:
+            model_name = ""
+        elif model_name is None:
             raise BadRequest(f"model_name was not specified; choose one of {sorted(self._loaded)}")
         with self._lock:
             try:
-                return self._loaded[model_name]
+                latest = self._loaded[model_name]
             except KeyError:
                 raise BadRequest(f"model {model_name!r} not found; the models are {sorted(self._loaded)}") from None
+            if str(model_version) == "latest":
+                return latest
+            return self._version(model_name, str(model_version))
+
+    def _version(self, model_name: str, version: str) -> Any:
+        """A numbered version of a model, loaded once (called under the lock)."""
+        key = (model_name, version)
+        if key not in self._versions:
+            versions = _versions(self._paths[model_name])
+            if version not in versions:
+                shown = f"{model_name!r}" if model_name else "the model"
+                have = ", ".join(sorted(versions, key=int)) or "none (its folder has no numbered versions)"
+                raise BadRequest(f"version {version!r} of {shown} not found; its versions are {have}")
+            self._versions[key] = self._load(versions[version], self._paths[model_name])
+        return self._versions[key]
+
+
+def _versions(path: str) -> dict[str, str]:
+    """The numbered version folders of a model folder, by version."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return {}
+    return {str(int(child.name)): str(child) for child in folder.iterdir() if child.is_dir() and child.name.isdigit()}
 
 
 def _version_folder(path: str) -> str:
     """Cortex gave load_model the folder of the model's highest version (``model/1/``) when there were
     numbered versions, else the model's folder."""
-    folder = Path(path)
-    if folder.is_dir():
-        versions = [child for child in folder.iterdir() if child.is_dir() and child.name.isdigit()]
-        if versions:
-            return str(max(versions, key=lambda child: int(child.name)))
+    versions = _versions(path)
+    if versions:
+        return versions[max(versions, key=int)]
     return path
