@@ -45,7 +45,14 @@ logger = logging.getLogger("modelserve")
 
 #: Cortex's kinds of API and modelserve's kind for each.
 KINDS = {"RealtimeAPI": "realtime", "SyncAPI": "realtime", "AsyncAPI": "async", "api": "realtime"}
-UNSUPPORTED_KINDS = ("BatchAPI", "TaskAPI", "TrafficSplitter")
+#: Cortex's kinds of API that modelserve does not serve, and what to do instead (said in the config error).
+UNSUPPORTED_KINDS = {
+    "BatchAPI": "modelserve has no batch jobs: run the items through the handler with a script of your own, or "
+    "serve it as kind: AsyncAPI (handle_async) and submit each batch as one job",
+    "TaskAPI": "modelserve runs no tasks: run the definition's script yourself (python <definition.path>)",
+    "TrafficSplitter": "modelserve does not split traffic: remove this entry and call each of its APIs at its own "
+    "route (POST /<name>)",
+}
 HANDLER_TYPES = ("python", "tensorflow", "onnx")
 REMOTE_PREFIXES = ("s3://", "gs://")
 
@@ -74,7 +81,6 @@ CONTAINER_KEYS = frozenset(
         "shm_size",
         "dependencies",
         "shell",
-        "protobuf_path",
         "cache_size",
         "disk_cache_size",
     }
@@ -141,7 +147,20 @@ class _Reader:
             self.not_applied.append(f"{where}: kind: deployment")
             return None
         if kind in UNSUPPORTED_KINDS:
-            self.problems.add(where, f"kind {kind} is not served by modelserve (RealtimeAPI, AsyncAPI or api are)")
+            self.problems.add(
+                where,
+                f"kind {kind} is not served by modelserve (RealtimeAPI, AsyncAPI or api are): "
+                f"{UNSUPPORTED_KINDS[kind]}",
+            )
+            return None
+        if "pod" in raw and not any(key in raw for key in _READ_KEYS - {"name", "kind"}):
+            # Cortex 0.36+: the API is a container image (pod: containers:), with no handler code to load
+            self.problems.add(
+                where,
+                "key 'pod': this is a Cortex 0.36+ API, which runs its own container image (pod.containers); "
+                "modelserve serves handler code (0.11-0.35's handler: or predictor:), not images: run the image "
+                "itself (docker run -p 8080:8080 <image>)",
+            )
             return None
         if kind not in KINDS:
             known = ", ".join(sorted(KINDS))
@@ -234,6 +253,13 @@ class _Reader:
         if not isinstance(config, dict):
             self.problems.add(where, "key 'config': expected a mapping")
             config = {}
+        if "protobuf_path" in block:  # Cortex 0.34-0.35: a gRPC API, whose class has the service's RPC methods
+            self.problems.add(
+                where,
+                "key 'protobuf_path': a Cortex gRPC API is not served by modelserve (its Cortex APIs are HTTP); "
+                "remove protobuf_path and give the class a handle_post(payload) to serve it over HTTP",
+            )
+            return None
         self._container_keys(block, where)
         self._unknown_keys(block, _HANDLER_KEYS, where)
         models = self._models(block, handler_type, where)
