@@ -88,6 +88,24 @@ BASE_SCHEMAS: dict[str, Any] = {
         },
         "required": ["id", "status"],
     },
+    "OpenAIError": {
+        "type": "object",
+        "description": "An error answer of OpenAI's paths, in OpenAI's form, with the request id.",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+                "required": ["message", "type", "param", "code"],
+            },
+            "request_id": {"type": "string"},
+        },
+        "required": ["error", "request_id"],
+    },
     "JobSubmitted": {
         "type": "object",
         "properties": {"id": {"type": "string", "description": "Poll GET /<api>/<id> with it."}},
@@ -235,6 +253,11 @@ _INT_RANGES = {name: np.iinfo(name) for name in ("int8", "int16", "int32", "int6
 #: The largest finite value of each float dtype: a larger number is out of its range (a 400).
 _FLOAT_MAX = {name: float(np.finfo(name).max) for name in ("float16", "float32", "float64")} | {"bfloat16": 3.3895e38}
 
+#: The smallest magnitude a float64 rounds to infinity in float16 and float32 (the largest finite value plus half
+#: its ulp, exactly a float64): a number between the largest finite value and this one rounds to that value and
+#: is served, as IEEE rounding makes every number between two floats the nearest of them.
+_FLOAT_OVERFLOW = {"float16": 65520.0, "float32": 2.0**128 - 2.0**103}
+
 
 def _leaf(dtype_name: str, output: bool) -> dict[str, Any]:
     if dtype_name in _INT_RANGES:
@@ -243,6 +266,9 @@ def _leaf(dtype_name: str, output: bool) -> dict[str, Any]:
     if dtype_name in _FLOAT_MAX:
         if output:  # JSON has no NaN nor infinity: an answer's are encoded as null
             return {"type": ["number", "null"]}
+        if dtype_name in _FLOAT_OVERFLOW:
+            bound = _FLOAT_OVERFLOW[dtype_name]
+            return {"type": "number", "format": dtype_name, "exclusiveMinimum": -bound, "exclusiveMaximum": bound}
         largest = _FLOAT_MAX[dtype_name]
         return {"type": "number", "format": dtype_name, "minimum": -largest, "maximum": largest}
     if dtype_name == "bool":
@@ -480,11 +506,94 @@ def _docs(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
 _OPENAI_STATUSES = (400, 404, 413, 500, 503, 504)
 
 
+_OPENAI_ERROR_REF = {"$ref": "#/components/schemas/OpenAIError"}
+
+
+def _openai_errors(responses: dict[str, Any]) -> dict[str, Any]:
+    """`responses` with OpenAI's error body for every error but the 401, which the guard answers before the route
+    (modelserve.http.openai.openai_body rewrites the route's own errors)."""
+    for status, response in responses.items():
+        if status not in ("200", "401"):
+            response["content"] = _json(_OPENAI_ERROR_REF)
+    return responses
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _texts(most: int | None = None, shortest: int = 0) -> dict[str, Any]:
+    """A string, or a non-empty list of strings (at most `most`), as modelserve.http.openai checks them."""
+    text = {"type": "string", "minLength": shortest}
+    listed: dict[str, Any] = {"type": "array", "items": text, "minItems": 1}
+    if most is not None:
+        listed["maxItems"] = most
+    return {"anyOf": [text, listed]}
+
+
+def _openai_fields(kind: str) -> dict[str, Any]:
+    """The fields modelserve.http.openai.check_request reads, with the types and ranges it accepts (each may be
+    null or absent but the required ones)."""
+    from modelserve.http.openai import MAX_EMBEDDING_INPUTS, ROLES
+
+    if kind == "embeddings":
+        return {
+            "input": _texts(MAX_EMBEDDING_INPUTS, shortest=1),
+            "encoding_format": _nullable({"enum": ["float", "base64"]}),
+            "dimensions": _nullable({"type": "integer", "minimum": 1}),
+        }
+    fields: dict[str, Any] = {
+        "stream": _nullable({"type": "boolean"}),
+        "stream_options": _nullable(
+            {"type": "object", "properties": {"include_usage": _nullable({"type": "boolean"})}}
+        ),
+        "n": _nullable({"const": 1}),
+        "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+        "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+    }
+    if kind == "completions":
+        return {
+            "prompt": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+                ]
+            },
+            **fields,
+        }
+    part = {
+        "type": "object",
+        "properties": {"type": {"type": "string"}},
+        "required": ["type"],
+        "if": {"properties": {"type": {"const": "text"}}},
+        "then": {"properties": {"text": {"type": "string"}}, "required": ["text"]},
+    }
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": part, "minItems": 1}, {"type": "null"}]}
+    message = {
+        "type": "object",
+        "properties": {"role": {"enum": sorted(ROLES)}, "content": content},
+        "required": ["role"],
+        # Only an assistant's (or a function's) message may leave its content out.
+        "anyOf": [
+            {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]},
+            {"properties": {"role": {"enum": ["assistant", "function"]}}},
+        ],
+    }
+    return {"messages": {"type": "array", "items": message, "minItems": 1}, **fields}
+
+
 def _openai_body(kind: str | None) -> dict[str, Any]:
-    required = {"chat": ["model", "messages"], "completions": ["model", "prompt"], "embeddings": ["model", "input"]}
     schema: dict[str, Any] = {"type": "object", "additionalProperties": True}
+    schema["properties"] = {"model": {"type": "string"}}
+    schema["required"] = ["model"]
     if kind is not None:
-        schema["required"] = required[kind]
+        fields = _openai_fields(kind)
+        schema["properties"].update(fields)
+        schema["required"] += [next(iter(fields))]
         schema["description"] = "OpenAI's request body; fields modelserve does not read are passed to the model."
     return {"required": True, "content": _json(schema)}
 
@@ -503,7 +612,9 @@ def _openai_call(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
         "summary": f"OpenAI's {endpoint.kind} of the API {api.name}",
         "tags": [api.name],
         "requestBody": _openai_body(endpoint.kind),
-        "responses": {"200": _ok(_openai_answer(endpoint.kind)), **_statuses(builder, api, *_OPENAI_STATUSES)},
+        "responses": _openai_errors(
+            {"200": _ok(_openai_answer(endpoint.kind)), **_statuses(builder, api, *_OPENAI_STATUSES)}
+        ),
     }
     return {"post": post}
 
@@ -516,10 +627,9 @@ def _openai_shared(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
         "summary": f"The API the body's model names: {', '.join(names)}",
         "tags": names,
         "requestBody": _openai_body(None),
-        "responses": {
-            "200": _ok({**_any_answer(), **_openai_answer(None)}),
-            **_statuses(builder, first, *_OPENAI_STATUSES),
-        },
+        "responses": _openai_errors(
+            {"200": _ok({**_any_answer(), **_openai_answer(None)}), **_statuses(builder, first, *_OPENAI_STATUSES)}
+        ),
     }
     return {"post": post}
 
@@ -536,6 +646,7 @@ def _openai_model(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
     names = {"type": "string", "enum": sorted(endpoint.apis)}
     for operation in operations.values():
         operation["parameters"] = [{"name": "name", "in": "path", "required": True, "schema": names}]
+        _openai_errors(operation["responses"])
     return operations
 
 
