@@ -159,6 +159,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_whole(value: Any) -> bool:
+    """An integer as JSON counts them: ``5.0`` is one (JSON Schema's ``integer``, which OpenAPI documents use),
+    whatever the client's encoder wrote for it."""
+    return _is_int(value) or (isinstance(value, float) and value.is_integer())
+
+
 def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
@@ -175,8 +181,10 @@ def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:
 
 def _positive(body: dict[str, Any], name: str) -> None:
     value = body.get(name)
-    if value is not None and not (_is_int(value) and value >= 1):
+    if value is not None and not (_is_whole(value) and value >= 1):
         raise OpenAIBadRequest(name, f"'{name}' must be a positive integer, got {_kind(value)}")
+    if isinstance(value, float):
+        body[name] = int(value)  # the model reads an int, as OpenAI's type says, whatever the client wrote
 
 
 def _boolean(body: dict[str, Any], name: str, within: str = "") -> bool:
@@ -302,7 +310,7 @@ def check_request(kind: str, body: Any) -> OpenAIRequest:
             raise OpenAIBadRequest("stream_options", "'stream_options' must be an object")
         include_usage = _boolean(options, "include_usage", "stream_options.")
     n = body.get("n")
-    if n is not None and not (_is_int(n) and n == 1):
+    if n is not None and not (_is_whole(n) and n == 1):
         raise OpenAIBadRequest("n", "'n' must be 1: one choice per request is served here")
     for name in ("max_tokens", "max_completion_tokens"):
         _positive(body, name)
