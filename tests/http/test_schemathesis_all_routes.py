@@ -1,0 +1,244 @@
+"""schemathesis over every route of one server that has every kind of API, driven by the server's own OpenAPI
+document (modelserve/http/openapi.py): Model classes typed, untyped, batched and streaming, an ONNX model, an
+async API and its jobs, ``openai: chat`` and ``openai: embeddings``, a Truss API (``truss: config.yaml``), the
+numbered versions of a model, the V2 routes and repository, API keys and CORS, on a real uvicorn."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import write_project
+from tests.http.test_openapi import schemathesis_command
+from tests.http.test_repository import plus_onnx
+from tests.models import iris_onnx
+
+KEY = "all-routes-key-" + "k" * 24
+ENV = {"ALL_ROUTES_KEYS": KEY}
+ORIGIN = "http://app.example"
+
+PROJECT = {
+    "modelserve.yaml": """
+        jobs: {store: memory}
+        auth: {api_keys_env: ALL_ROUTES_KEYS}
+        cors: {allow_origins: ["http://app.example"]}
+        apis:
+          - {name: typed, handler: {path: models.py, class: Typed}}
+          - {name: echo, handler: {path: models.py, class: Echo}}
+          - name: batched
+            handler: {path: models.py, class: Batched}
+            batching: {max_batch_size: 4, max_wait_ms: 5}
+          - {name: tokens, handler: {path: models.py, class: Tokens}, timeout: 10}
+          - {name: iris, model: {path: iris.onnx}}
+          - {name: words, kind: async, handler: {path: models.py, class: Words}}
+          - {name: chat, handler: {path: models.py, class: Chat}, openai: chat}
+          - {name: embed, handler: {path: models.py, class: Embed}, openai: embeddings}
+          - {name: trussed, truss: config.yaml}
+          - {name: plus, model: {path: models/plus, version_policy: all}}
+    """,
+    "config.yaml": "model_name: trussed\n",
+    "model/model.py": """
+        class Model:
+            def predict(self, inputs):
+                return {"kind": type(inputs).__name__}
+    """,
+    "models.py": """
+        from __future__ import annotations
+
+        from collections.abc import Iterator
+        from typing import Annotated
+
+        import pydantic
+
+
+        class Point(pydantic.BaseModel):
+            x: Annotated[float, pydantic.Field(ge=-1e6, le=1e6)]
+            y: Annotated[float, pydantic.Field(ge=-1e6, le=1e6)]
+
+
+        class Distance(pydantic.BaseModel):
+            value: float
+
+
+        class Typed:
+            def predict(self, point: Point) -> Distance:
+                return Distance(value=abs(point.x) + abs(point.y))
+
+
+        class Echo:
+            def predict(self, inputs):
+                return inputs
+
+
+        class Batched:
+            def predict(self, rows):
+                return [len(str(row)) for row in rows]
+
+
+        class Tokens:
+            def predict(self, prompt: str) -> Iterator[str]:
+                for word in prompt.split()[:5]:
+                    yield word + " "
+
+
+        class Words:
+            def handle_async(self, payload):
+                return {"words": len(str(payload).split())}
+
+
+        def text_of(inputs):
+            # The API's own route (/chat, /embed) takes any JSON value, OpenAI's path a checked object.
+            if not isinstance(inputs, dict):
+                return str(inputs)
+            if isinstance(inputs.get("messages"), list):
+                return str(inputs["messages"][-1])
+            return str(inputs.get("input", ""))
+
+
+        class Chat:
+            def predict(self, inputs):
+                text = text_of(inputs)
+                tokens = inputs.get("max_tokens") if isinstance(inputs, dict) else None
+                used = tokens if type(tokens) is int else 1  # an int, as OpenAI's type says, or 1
+                return {"text": text.upper(), "usage": {"prompt_tokens": len(text.split()), "completion_tokens": used}}
+
+
+        class Embed:
+            def predict(self, inputs):
+                texts = inputs.get("input") if isinstance(inputs, dict) else inputs
+                if not isinstance(texts, list):
+                    return [float(len(str(texts))), 0.5]
+                return {"embeddings": [[float(len(str(t))), 0.5] for t in texts], "usage": {"prompt_tokens": 1}}
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = write_project(tmp_path_factory.mktemp("all_routes") / "project", PROJECT)
+    iris_onnx(root / "iris.onnx")
+    for number in (1, 2):
+        plus_onnx(root / "models" / "plus" / str(number) / "model.onnx", float(number))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(start_server_module: Any, project: Path) -> Any:
+    started = start_server_module(project, "--no-access-log", env=ENV)
+    started.wait_listening(timeout=90)
+    headers = {"authorization": f"Bearer {KEY}"}
+    started.wait_ready(timeout=90)
+    assert httpx.get(started.url + "/openapi.json", headers=headers).status_code == 200
+    return started
+
+
+def schemathesis(cwd: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [schemathesis_command(), "run", url + "/openapi.json", "-H", f"Authorization: Bearer {KEY}"]
+    command += ["--max-examples", "6", "--seed", "1", "--generation-deterministic", "--no-color"]
+    command += ["--request-timeout", "20", "--workers", "1", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def passed(done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-2000:]
+    assert re.search(r"\d+ generated, \d+ passed", done.stdout), done.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_nothing_on_every_route(server: Any, tmp_path: Path) -> None:
+    # One worker: with two, hypothesis's lambda descriptions (ast, in threads) fail on CPython 3.11 with "AST
+    # constructor recursion depth mismatch", an error of the fuzzer, not of the server.
+    passed(schemathesis(tmp_path, server.url, "--checks", "all", "--exclude-path-regex", "^/plus|:predict$"))
+    # Every check but one on what is left. negative_data_rejection on /plus: a model file's one-dimensional input
+    # takes an empty batch (``[]``), which its schema (one row at least, as a two-dimensional input needs) does not
+    # list (tests/http/test_openapi_versions.py leaves it out for the same reason). positive_data_acceptance on
+    # Truss's :predict: its application/octet-stream body is msgpack, which no schema can say, so a generated
+    # byte string is rightly a 400.
+    passed(
+        schemathesis(
+            tmp_path,
+            server.url,
+            "--checks",
+            "all",
+            "--include-path-regex",
+            "^/plus$|^/plus/",
+            "--exclude-checks",
+            "negative_data_rejection",
+        )
+    )
+    passed(
+        schemathesis(
+            tmp_path,
+            server.url,
+            "--checks",
+            "all",
+            "--include-path-regex",
+            ":predict$",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        )
+    )
+    assert "Traceback" not in server.log, server.log[-4000:]
+
+
+# What schemathesis found, held in plain httpx (each fails on the code before the fix it names).
+
+
+def post(server: Any, path: str, body: Any) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=20)
+
+
+def document(server: Any) -> dict[str, Any]:
+    return dict(httpx.get(server.url + "/openapi.json", headers={"authorization": f"Bearer {KEY}"}).json())
+
+
+def test_openai_errors_are_documented_in_openai_s_form(server: Any) -> None:
+    # Found: POST /v1/embeddings {"input": null, "model": null} -> 400 {"error": {"message": ...}}, documented as
+    # modelserve's Error (a string "error"), and the body's schema let "model": null through.
+    whole = document(server)
+    answer = post(server, "/v1/embeddings", {"input": None, "model": None})
+    assert answer.status_code == 400 and set(answer.json()["error"]) == {"message", "type", "param", "code"}
+    for path in ("/v1/embeddings", "/v1/chat/completions"):
+        operation = whole["paths"][path]["post"]
+        assert operation["responses"]["400"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/OpenAIError"
+        }
+        assert operation["responses"]["401"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/Error"  # the guard answers before the route, in modelserve's form
+        }
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert schema["properties"]["model"] == {"type": "string"}
+    assert whole["components"]["schemas"]["OpenAIError"]["required"] == ["error", "request_id"]
+    missing = httpx.get(server.url + "/v1/models/nope", headers={"authorization": f"Bearer {KEY}"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert "OpenAIError" in str(whole["paths"]["/v1/models/{name}"]["get"]["responses"]["404"])
+
+
+def test_a_whole_float_is_an_integer_for_openai_s_integer_fields(server: Any) -> None:
+    # Found: max_tokens 1.0 (an integer to JSON Schema, which the document uses) was a 400.
+    messages = [{"role": "user", "content": "hello there"}]
+    answer = post(server, "/v1/chat/completions", {"model": "chat", "messages": messages, "max_tokens": 5.0, "n": 1.0})
+    assert answer.status_code == 200, answer.text
+    assert "HELLO THERE" in answer.json()["choices"][0]["message"]["content"]
+    assert answer.json()["usage"]["completion_tokens"] == 5  # the model was handed max_tokens as the int 5
+    refused = post(server, "/v1/chat/completions", {"model": "chat", "messages": messages, "max_tokens": 5.5})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
+def test_a_float32_input_is_documented_up_to_where_it_rounds_to_infinity(server: Any) -> None:
+    # Found: POST /iris [[3.402823466385289e+38, 0, 0, 0]] -> 200, above the documented maximum (float32's
+    # largest, 3.4028234663852886e+38): IEEE rounding makes it that largest value. The document now gives the
+    # exclusive bound where float32 overflows, 2**128 - 2**103.
+    import math
+
+    bound = 2.0**128 - 2.0**103
+    schema = document(server)["paths"]["/iris"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    leaf = schema["anyOf"][1]["items"]["items"]
+    assert (leaf["exclusiveMinimum"], leaf["exclusiveMaximum"]) == (-bound, bound) and "maximum" not in leaf
+    assert post(server, "/iris", [[math.nextafter(bound, 0), 0.0, 0.0, 0.0]]).status_code == 200
+    assert post(server, "/iris", [[bound, 0.0, 0.0, 0.0]]).status_code == 400
