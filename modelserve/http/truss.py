@@ -11,13 +11,14 @@
     POST /v1/models/model:predict  (and ``:predict_binary``, ``GET /v1/models/model``) the same, under the name
                                   Truss's clients put in every path, whatever the model's name
 
-A method is called as Truss calls it (`TrussMethod`): the body decoded as JSON (a Content-Type naming text or
-bytes gives those, as the native route does), then the method with the inputs, the request, or both, sync in a
-worker thread or async on the loop. A generator streams, chunk by chunk; a client that asks for
-``Accept: application/json`` gets the chunks gathered into one JSON value, unless it is an OpenAI client
-(its User-Agent names OpenAI), which is always streamed to, as Truss does. Each call goes through `Api.call`
-with the method's own pipeline (`TrussModelClassBackend.entries`): the API's line, concurrency slot, timeout,
-cancellation, metrics and access line, and the guard (API keys, CORS, the Host check) in front.
+A method is called as Truss calls it (`TrussMethod`): the body decoded as JSON (also with no Content-Type or a
+form's, what ``curl -d`` sends; one naming text or bytes gives those, as the native route does), then the
+method with the inputs, the request, or both, sync in a worker thread or async on the loop. A generator
+streams, chunk by chunk; a client that asks for ``Accept: application/json`` gets the chunks gathered into one
+JSON value, unless it is an OpenAI client (its User-Agent names OpenAI), which is always streamed to, as Truss
+does. Each call goes through `Api.call` with the method's own pipeline (`TrussModelClassBackend.entries`): the
+API's line, concurrency slot, timeout, cancellation, metrics and access line, and the guard (API keys, CORS,
+the Host check) in front.
 
 ``:predict``, ``:predict_binary`` and ``/invocations`` take a body sent as ``application/octet-stream`` as Truss's
 msgpack and answer it in msgpack (`modelserve.http._truss_binary`, the ``truss-binary`` extra), as Truss does.
@@ -53,6 +54,18 @@ if TYPE_CHECKING:
     from modelserve.server import ModelServer
 
 logger = logging.getLogger("modelserve")
+
+#: What ``curl -d`` sends when no Content-Type is given, as the curl calls of many truss-examples READMEs do.
+_FORM = "application/x-www-form-urlencoded"
+
+
+def _truss_body_type(content_type: str | None) -> str:
+    """The Content-Type a body on Truss's paths is decoded by: JSON when there is none or it is a form's, as
+    Truss's server parses every body that is not msgpack as JSON (a form's fields never reach a Truss model);
+    any other, as the native route decodes it."""
+    if not content_type or content_type.partition(";")[0].strip().lower() == _FORM:
+        return "application/json"
+    return content_type
 
 
 def _dict_answer(exchange: Exchange, result: dict[str, Any], ctx: RequestContext) -> bytes:
@@ -103,7 +116,7 @@ class TrussMethod(Exchange):
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> tuple[Any, Any]:
         """(inputs, request), as the method takes them: Truss parses the body as JSON unless told otherwise."""
         entry = self.api.backend.entries[self.method]  # type: ignore[attr-defined]
-        inputs = decode_payload(head[1] or "application/json", body) if entry.needs_inputs else None
+        inputs = decode_payload(_truss_body_type(head[1]), body) if entry.needs_inputs else None
         request = replayed_request(head[3][1], body, ctx) if entry.needs_request else None
         return inputs, request
 
@@ -125,13 +138,13 @@ class TrussMethod(Exchange):
 class _TrussBinary(RealtimeEndpoint):
     """The realtime route as Truss's predict answers: a body sent as ``application/octet-stream`` is Truss's
     msgpack (`modelserve.http._truss_binary`), and so is the answer to it (a stream excepted); a body with no
-    Content-Type is JSON, as Truss reads every body (``requests.post(url, data=json.dumps(...))`` sends none);
-    any other body is decoded as the native route decodes it."""
+    Content-Type (``requests.post(url, data=json.dumps(...))`` sends none) or a form's (``curl -d``) is JSON,
+    as Truss reads every body; any other body is decoded as the native route decodes it."""
 
     def decode(self, body: bytes, head: Head, ctx: RequestContext) -> Any:
         if _truss_binary.is_binary(head[1]):
             return _truss_binary.loads(body)
-        return decode_payload(head[1] or "application/json", body)
+        return decode_payload(_truss_body_type(head[1]), body)
 
     def encode(self, result: Any, value: Any, head: Head, ctx: RequestContext) -> Any:
         if _truss_binary.is_binary(head[1]) and not isinstance(result, (Stream, Response)):

@@ -179,7 +179,8 @@ def test_a_truss_named_docs_is_served_as_model_beside_the_docs_page(servers: dic
 
 
 def test_truss_s_paths_read_a_body_with_no_content_type_as_json(servers: dict[str, Any]) -> None:
-    """Truss parses every body as JSON; ``requests.post(url, data=json.dumps(...))`` sends no Content-Type."""
+    """Truss parses every body as JSON; ``requests.post(url, data=json.dumps(...))`` sends no Content-Type, and
+    ``curl -d`` a form's."""
     url = servers["basic"].url
     for path in ("/v1/models/basic-truss:predict", "/v1/models/model:predict", "/invocations"):
         answer = httpx.post(url + path, content=b'{"x": 1}')
@@ -187,10 +188,16 @@ def test_truss_s_paths_read_a_body_with_no_content_type_as_json(servers: dict[st
     # modelserve's own route keeps its rule: no Content-Type is bytes (test_basic_truss echoes them)
     native = httpx.post(url + "/basic-truss", content=b'{"x": 1}')
     assert (native.headers["content-type"], native.content) == ("application/octet-stream", b'{"x": 1}')
-    # a type that names something else is still decoded by it: form-encoded bytes, as curl -d sends them
+    # a form's type, what curl -d sends, is JSON there too, as Truss parses it; modelserve's own route keeps
+    # the form's bytes
     form_type = {"content-type": "application/x-www-form-urlencoded"}
-    form = httpx.post(url + "/v1/models/model:predict", content=b"a=1", headers=form_type)
-    assert (form.headers["content-type"], form.content) == ("application/octet-stream", b"a=1")
+    form = httpx.post(url + "/v1/models/model:predict", content=b'{"x": 1}', headers=form_type)
+    assert (form.status_code, form.json()) == (200, {"x": 1})
+    native = httpx.post(url + "/basic-truss", content=b"a=1", headers=form_type)
+    assert (native.headers["content-type"], native.content) == ("application/octet-stream", b"a=1")
+    # any other type is still decoded by it: text/plain is a str
+    text = httpx.post(url + "/v1/models/model:predict", content=b"a=1", headers={"content-type": "text/plain"})
+    assert (text.status_code, text.json()) == (200, "a=1")
 
 
 def test_a_result_that_is_not_json_is_the_same_user_code_500_on_every_truss_path(servers: dict[str, Any]) -> None:
