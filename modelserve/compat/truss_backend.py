@@ -6,7 +6,8 @@ Truss's ``Model`` is the Model class of modelserve, so the backend registry (`mo
 * ``environment`` (``None``: Truss's value when a deployment has no environment) and ``lazy_data_resolver``
   (`LazyDataResolver`) to what a constructor may ask for (`CONSTRUCTOR_ARGS`, in the order errors list them);
 * a hint when the constructor or ``load()`` failed on a path that Baseten fills (``/app/model_cache``): the
-  command that fills it (`modelserve.compat.truss_cache`);
+  command that fills it (`modelserve.compat.truss_cache`); and when the constructor requires an argument that
+  only Baseten's platform passes (`PLATFORM_ARGS`: ``trt_llm``), what that argument is;
 * Truss's other entry points (`ENDPOINT_METHODS`): ``chat_completions``, ``completions``, ``embeddings``,
   ``messages`` and ``responses``, each called as Truss calls it (the decoded body, the request, or both; sync
   or async; a generator streams), and ``async def websocket(self, websocket)``, which replaces predict (a
@@ -43,6 +44,15 @@ CONSTRUCTOR_ARGS = (
     "metrics_client",
     "device",
 )
+
+#: Constructor arguments that only Baseten's platform passes, and what each is: named in the load error of a
+#: class that requires one, so that it says why no local server can give it.
+PLATFORM_ARGS = {
+    "trt_llm": (
+        "the TensorRT-LLM engine (Briton) that Baseten's engine builder runs beside the model for config.yaml's "
+        "trt_llm; modelserve runs no engine: give the class an engine client of its own (vLLM's, say) instead"
+    ),
+}
 
 
 class LazyDataResolver:
@@ -136,7 +146,13 @@ class TrussModelClassBackend(ModelClassBackend):
     constructor_args = CONSTRUCTOR_ARGS
 
     def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+        try:
+            super().__init__(*args)
+        except LoadError as exc:
+            said = [f"'{name}' is {what}" for name, what in PLATFORM_ARGS.items() if f"'{name}'" in str(exc)]
+            if not said:
+                raise
+            raise LoadError(f"{exc}; {'; '.join(said)}") from exc.__cause__
         #: How each of Truss's other methods is called (`ENDPOINT_METHODS`, and `WEBSOCKET_METHOD`).
         self.endpoints = inspect_endpoints(self.cls, self.label)
         if self.websocket:
