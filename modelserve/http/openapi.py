@@ -199,6 +199,17 @@ def _any_answer() -> dict[str, Any]:
     return {"application/json": {"schema": {}}, "application/octet-stream": {}}
 
 
+def _events(data: str) -> dict[str, Any]:
+    """A text/event-stream answer: its schema describes each event (its fields as an object, as OpenAPI 3.2's
+    itemSchema does and as tools read a 3.1 document's schema of an event stream), not the text of the stream."""
+    event = {
+        "type": "object",
+        "properties": {"data": {"type": "string", "description": data}, "event": {"type": "string"}},
+        "required": ["data"],
+    }
+    return {"text/event-stream": {"schema": event}}
+
+
 def _stream_answer(item: Any, item_type: Any) -> dict[str, Any]:
     """A stream's answer: framed by the type of its chunks, SSE on request, or collected into one JSON value."""
     content: dict[str, Any] = {}
@@ -208,7 +219,7 @@ def _stream_answer(item: Any, item_type: Any) -> dict[str, Any]:
         content["application/octet-stream"] = {}
     if item_type not in (str, bytes):
         content["application/x-ndjson"] = {"schema": {"type": "string", "description": "One JSON value per line."}}
-    content["text/event-stream"] = {"schema": {"type": "string", "description": "One event per chunk."}}
+    content.update(_events("One chunk."))
     collected = {"type": "string"} if item_type in (str, bytes) else {"type": "array", "items": item}
     if item_type is Any:
         collected = {"anyOf": [{"type": "string"}, {"type": "array", "items": item}]}
@@ -586,9 +597,10 @@ def _openai_fields(kind: str) -> dict[str, Any]:
     return {"messages": {"type": "array", "items": message, "minItems": 1}, **fields}
 
 
-def _openai_body(kind: str | None) -> dict[str, Any]:
+def _openai_body(kind: str | None, names: list[str]) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object", "additionalProperties": True}
-    schema["properties"] = {"model": {"type": "string"}}
+    # Another name is a 404 (model_not_found): the path serves these APIs only.
+    schema["properties"] = {"model": {"type": "string", "enum": names}}
     schema["required"] = ["model"]
     if kind is not None:
         fields = _openai_fields(kind)
@@ -599,7 +611,7 @@ def _openai_body(kind: str | None) -> dict[str, Any]:
 
 
 def _openai_answer(kind: str | None) -> dict[str, Any]:
-    events = {"text/event-stream": {"schema": {"type": "string", "description": "OpenAI's chunks, then [DONE]."}}}
+    events = _events("One of OpenAI's chunks (a JSON object), then [DONE].")
     if kind == "embeddings":
         return _json({"type": "object", "description": "OpenAI's embeddings list."})
     return {**_json({"type": "object", "description": "OpenAI's completion object."}), **events}
@@ -611,7 +623,7 @@ def _openai_call(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
         "operationId": _op_id(f"openai_{endpoint.kind}", api.name),
         "summary": f"OpenAI's {endpoint.kind} of the API {api.name}",
         "tags": [api.name],
-        "requestBody": _openai_body(endpoint.kind),
+        "requestBody": _openai_body(endpoint.kind, [api.name]),
         "responses": _openai_errors(
             {"200": _ok(_openai_answer(endpoint.kind)), **_statuses(builder, api, *_OPENAI_STATUSES)}
         ),
@@ -626,7 +638,7 @@ def _openai_shared(builder: _Builder, endpoint: Any) -> dict[str, Operation]:
         "operationId": _op_id("openai", endpoint.path),
         "summary": f"The API the body's model names: {', '.join(names)}",
         "tags": names,
-        "requestBody": _openai_body(None),
+        "requestBody": _openai_body(None, names),
         "responses": _openai_errors(
             {"200": _ok({**_any_answer(), **_openai_answer(None)}), **_statuses(builder, first, *_OPENAI_STATUSES)}
         ),

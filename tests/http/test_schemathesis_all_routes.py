@@ -212,7 +212,7 @@ def test_openai_errors_are_documented_in_openai_s_form(server: Any) -> None:
             "$ref": "#/components/schemas/Error"  # the guard answers before the route, in modelserve's form
         }
         schema = operation["requestBody"]["content"]["application/json"]["schema"]
-        assert schema["properties"]["model"] == {"type": "string"}
+        assert schema["properties"]["model"] == {"type": "string", "enum": ["embed" if "embed" in path else "chat"]}
     assert whole["components"]["schemas"]["OpenAIError"]["required"] == ["error", "request_id"]
     missing = httpx.get(server.url + "/v1/models/nope", headers={"authorization": f"Bearer {KEY}"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
@@ -242,3 +242,28 @@ def test_a_float32_input_is_documented_up_to_where_it_rounds_to_infinity(server:
     assert (leaf["exclusiveMinimum"], leaf["exclusiveMaximum"]) == (-bound, bound) and "maximum" not in leaf
     assert post(server, "/iris", [[math.nextafter(bound, 0), 0.0, 0.0, 0.0]]).status_code == 200
     assert post(server, "/iris", [[bound, 0.0, 0.0, 0.0]]).status_code == 400
+
+
+def test_each_event_of_an_openai_stream_fits_the_documented_event(server: Any) -> None:
+    # Found: POST /v1/chat/completions {"model": "chat", "stream": true, ...} -> 200 text/event-stream, whose
+    # events ({"data": ..., "event": "message"}) did not fit the documented {"type": "string"}.
+    from jsonschema import Draft202012Validator
+
+    whole = document(server)
+    for path in ("/v1/chat/completions", "/tokens"):
+        schema = whole["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        Draft202012Validator.check_schema(schema)
+        validator = Draft202012Validator(schema)
+        body = {"model": "chat", "messages": [{"role": "user", "content": "one two"}], "stream": True}
+        headers = {"authorization": f"Bearer {KEY}", "accept": "text/event-stream"}
+        answer = httpx.post(server.url + path, json=body if "v1" in path else "one two", headers=headers)
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        events = [
+            {"data": line.removeprefix("data:").strip()}
+            for line in answer.text.splitlines()
+            if line.startswith("data:")
+        ]
+        assert len(events) >= 2
+        for event in events:
+            validator.validate(event)
+        assert not validator.is_valid(answer.text)  # the stream's text is not what one event is
