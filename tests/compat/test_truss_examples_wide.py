@@ -471,6 +471,7 @@ def pool(start_server_module: Any, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 PREDICT = "/v1/models/model:predict"
+JSON = {"accept": "application/json"}
 
 
 def post(server: Any, payload: Any, path: str = PREDICT, **kwargs: Any) -> httpx.Response:
@@ -559,6 +560,9 @@ def test_vllm_async_predict_streams_by_default(pool: Any, case: str) -> None:
     assert text == ("[/INST] wind? Mistral " if "mistral" in case else "wind?<|assistant|> Mistral the ")
     whole = post(server, {"prompt": "What is the Mistral wind?", "max_tokens": 3, "stream": False})
     assert whole.json() == {"text": text}
+    # Accept: application/json gathers the stream into one JSON string, as Truss's _gather_generator does
+    gathered = post(server, {"prompt": "What is the Mistral wind?", "max_tokens": 3}, headers=JSON)
+    assert gathered.json() == text
     # runtime.predict_concurrency: 256 and 128
     name = "mistral-7b-instruct-vllm" if "mistral" in case else "llama-3.1-8b-instruct-vllm"
     expected = 256 if "mistral" in case else 128
