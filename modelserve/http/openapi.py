@@ -27,8 +27,9 @@ answers GET, is left out, as FastAPI leaves it (Swagger UI would list every GET 
 from __future__ import annotations
 
 import inspect
+import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -289,19 +290,68 @@ def _leaf(dtype_name: str, output: bool) -> dict[str, Any]:
     return {}
 
 
+#: The most lower-rank forms of an input listed (`_lower_ranks`); past it, only the flat one and the scalar.
+_MOST_FORMS = 16
+
+
+def _divisors(total: int) -> list[int]:
+    small = [n for n in range(1, math.isqrt(total) + 1) if total % n == 0]
+    return sorted({*small, *(total // n for n in small)})
+
+
+def _sizes(total: int, rank: int) -> Iterator[tuple[int, ...]]:
+    """Each tuple of `rank` sizes (each at least 1) whose product is `total`."""
+    if rank == 1:
+        yield (total,)
+        return
+    for first in _divisors(total):
+        for rest in _sizes(total // first, rank - 1):
+            yield (first, *rest)
+
+
+def _nested(leaf: dict[str, Any], sizes: Iterable[int]) -> dict[str, Any]:
+    schema = leaf
+    for size in reversed(tuple(sizes)):
+        schema = {"type": "array", "items": schema, "minItems": size, "maxItems": size}
+    return schema
+
+
+def _lower_ranks(spec: Any, leaf: dict[str, Any]) -> list[dict[str, Any]]:
+    """The values of a lower rank than the input's that the server reshapes to its shape, unknown dimensions as 1
+    (modelserve.runtimes._tensors, Cortex's rule): those whose element count fills that shape. Four numbers fit
+    ``[batch, 4]``, a scalar fits ``[batch]``."""
+    total = math.prod(dim if isinstance(dim, int) and dim >= 0 else 1 for dim in spec.shape)
+    if total < 1:
+        return []
+    forms = [leaf] if total == 1 else []
+    for rank in range(1, len(spec.shape)):
+        for sizes in _sizes(total, rank):
+            forms.append(_nested(leaf, sizes))
+            if len(forms) > _MOST_FORMS:
+                return ([leaf] if total == 1 else []) + [_nested(leaf, (total,))]
+    return forms
+
+
 def _tensor(spec: Any, output: bool = False) -> dict[str, Any]:
-    """A tensor as nested arrays: one level per dimension, fixed sizes as minItems/maxItems."""
-    schema: dict[str, Any] = _leaf(spec.dtype_name, output)
+    """A tensor as nested arrays: one level per dimension, fixed sizes as minItems/maxItems. An input also as
+    the lower-rank values that fill its shape (`_lower_ranks`); its innermost unknown dimension may be empty (a
+    value of the input's rank still: ``[[]]`` for ``[batch, n]``, ``[]`` for ``[batch]``), an outer one not."""
+    leaf: dict[str, Any] = _leaf(spec.dtype_name, output)
+    schema = leaf
     if spec.shape is None:
         return {} if output else {"description": f"{spec.dtype_name}, any shape"}
-    for dim in reversed(spec.shape):
+    for axis, dim in reversed(list(enumerate(spec.shape))):
         level: dict[str, Any] = {"type": "array", "items": schema}
         if isinstance(dim, int) and dim >= 0:
             level["minItems"] = level["maxItems"] = dim
-        elif not output:
+        elif not output and axis < len(spec.shape) - 1:
             level["minItems"] = 1
         schema = level
-    schema["description"] = f"{spec.dtype_name} {list(spec.shape)}"
+    description = f"{spec.dtype_name} {list(spec.shape)}"
+    lower = [] if output else _lower_ranks(spec, leaf)
+    if lower:
+        return {"anyOf": [schema, *lower], "description": f"{description}, or fewer dimensions that fill it"}
+    schema["description"] = description
     return schema
 
 

@@ -221,11 +221,13 @@ def test_a_project_with_each_kind_of_api(kinds: Path) -> None:
     fixed = paths["/fixed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     keyed, bare = fixed["anyOf"]
     assert keyed["required"] == ["x"] and keyed["additionalProperties"] is False
+    bare, flat = bare["anyOf"]  # the full rank, and the six numbers that fill it (a lower rank)
     assert (bare["minItems"], bare["maxItems"]) == (2, 2)
     assert (bare["items"]["minItems"], bare["items"]["maxItems"]) == (3, 3)
     assert bare["items"]["items"]["type"] == "number"
+    assert (flat["minItems"], flat["maxItems"]) == (6, 6)
     iris = paths["/iris-onnx"]["post"]
-    assert iris["requestBody"]["content"]["application/json"]["schema"]["anyOf"][1]["minItems"] == 1  # batch
+    assert iris["requestBody"]["content"]["application/json"]["schema"]["anyOf"][1]["anyOf"][0]["minItems"] == 1
     answer = iris["responses"]["200"]["content"]["application/json"]["schema"]
     assert answer["required"] == ["probabilities", "label"]
     # ONNX with hooks that declare their types.
@@ -451,7 +453,7 @@ def test_a_savedmodel_without_hooks_is_described_by_its_signature(tmp_path: Path
     validate(document)
     post = document["paths"]["/iris"]["post"]
     keyed = post["requestBody"]["content"]["application/json"]["schema"]["anyOf"][0]
-    rows = keyed["properties"]["x"]
+    rows = keyed["properties"]["x"]["anyOf"][0]  # the full rank (then the four numbers of one row)
     assert rows["minItems"] == 1 and (rows["items"]["minItems"], rows["items"]["maxItems"]) == (4, 4)
     assert rows["items"]["items"]["format"] == "float32"
     answer = post["responses"]["200"]["content"]["application/json"]["schema"]
