@@ -148,8 +148,10 @@ def read_http_answer(sock: socket.socket) -> bytes:
 
 
 @contextlib.contextmanager
-def serve_in_thread(config: Any) -> Iterator[Any]:
-    """A real uvicorn server on `config` (a ``uvicorn.Config``), run in a thread of the test's process."""
+def serve_in_thread(config: Any, ready: bool = False) -> Iterator[Any]:
+    """A real uvicorn server on `config` (a ``uvicorn.Config``), run in a thread of the test's process; with
+    `ready`, once its ``/readyz`` answers 200 (its APIs load after it has started: on a busy machine a request
+    sent at once gets the 503 of an API still loading)."""
     import uvicorn
 
     server = uvicorn.Server(config)
@@ -160,6 +162,10 @@ def serve_in_thread(config: Any) -> Iterator[Any]:
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline
             time.sleep(0.01)
+        deadline = time.monotonic() + 60
+        while ready and httpx.get(f"http://{config.host}:{config.port}/readyz").status_code != 200:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server's APIs never loaded"
+            time.sleep(0.02)
         yield server
     finally:
         server.should_exit = True

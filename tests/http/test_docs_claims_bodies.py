@@ -384,7 +384,7 @@ def test_a_v2_body_is_decompressed_off_the_event_loop(monkeypatch: pytest.Monkey
 
     app = modelserve.create_app(handler=Double, name="double")
     port = free_port()
-    with serve_in_thread(TransportConfig(app, host="127.0.0.1", port=port, log_level="warning")):
+    with serve_in_thread(TransportConfig(app, host="127.0.0.1", port=port, log_level="warning"), ready=True):
         answer = httpx.post(
             f"http://127.0.0.1:{port}/v2/models/double/infer",
             content=gzip.compress(V2_BODY),

@@ -178,7 +178,7 @@ def in_process(protocol: str, limits: TransportLimits) -> Iterator[int]:
     port = free_port()
     settings: dict[str, Any] = {} if protocol == "httptools" else {"http": LingeringH11Protocol}
     config = TransportConfig(app, limits=limits, host="127.0.0.1", port=port, log_level="warning", **settings)
-    with serve_in_thread(config):
+    with serve_in_thread(config, ready=True):
         yield port
 
 

@@ -63,7 +63,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     project = write_project(tmp_path_factory.mktemp("loop"), PROJECT)
     port = free_port()
     app = modelserve.create_app(project)
-    with serve_in_thread(TransportConfig(app, host="127.0.0.1", port=port, log_level="warning")):
+    with serve_in_thread(TransportConfig(app, host="127.0.0.1", port=port, log_level="warning"), ready=True):
         yield f"http://127.0.0.1:{port}"
 
 
