@@ -159,10 +159,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: A whole float from this on is no 64-bit integer (JSON's integers past 64 bits are read as floats).
+_INT64_BOUND = 2.0**63
+
+
 def _is_whole(value: Any) -> bool:
     """An integer as JSON counts them: ``5.0`` is one (JSON Schema's ``integer``, which OpenAPI documents use),
     whatever the client's encoder wrote for it."""
-    return _is_int(value) or (isinstance(value, float) and value.is_integer())
+    return _is_int(value) or (isinstance(value, float) and value.is_integer() and abs(value) < _INT64_BOUND)
 
 
 def _is_number(value: Any) -> bool:
@@ -312,6 +316,8 @@ def check_request(kind: str, body: Any) -> OpenAIRequest:
     n = body.get("n")
     if n is not None and not (_is_whole(n) and n == 1):
         raise OpenAIBadRequest("n", "'n' must be 1: one choice per request is served here")
+    if type(n) is float:
+        body["n"] = 1  # the model reads an int, as for max_tokens
     for name in ("max_tokens", "max_completion_tokens"):
         _positive(body, name)
     _number(body, "temperature", 0, 2)
